@@ -1,0 +1,85 @@
+"""The buffer folder: its marker file, its writer folders, and the quarantine.
+
+    <buffer>/FORMAT              {"format": "rft-hpc-buffer", "schema_version": 1}
+    <buffer>/<writer>/<step>.h5  committed segments (8-digit first step)
+    <buffer>/<writer>/.tmp-*     segments being written (never read)
+    <buffer>/quarantine/<writer>/<step>.h5 + <step>.h5.reason.txt
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+from rft_hpc.buffer.segment import SCHEMA_VERSION
+from rft_hpc.errors import UserError
+from rft_hpc.rundir import atomic_write_json, atomic_write_text, fsync_dir, is_temporary
+
+FORMAT_FILE = "FORMAT"
+FORMAT_NAME = "rft-hpc-buffer"
+QUARANTINE = "quarantine"
+
+
+def ensure_buffer_dir(path: Path) -> Path:
+    """Create the buffer folder and its FORMAT marker if needed; return the path."""
+    if path.exists() and not path.is_dir():
+        raise UserError(f"{path} is a file, not a buffer folder")
+    path.mkdir(parents=True, exist_ok=True)
+    if not (path / FORMAT_FILE).exists():
+        atomic_write_json(path / FORMAT_FILE,
+                          {"format": FORMAT_NAME, "schema_version": SCHEMA_VERSION})
+    return path
+
+
+def open_buffer_dir(path: Path) -> Path:
+    """Check that `path` is an existing buffer folder; raise a `UserError` saying why not."""
+    if not path.exists():
+        raise UserError(f"{path} does not exist")
+    if not path.is_dir():
+        raise UserError(f"{path} is a file, not a buffer folder")
+    marker = path / FORMAT_FILE
+    try:
+        fmt = json.loads(marker.read_text(encoding="utf-8"))
+        ok = fmt.get("format") == FORMAT_NAME
+    except (OSError, ValueError, AttributeError):
+        ok = False
+    if not ok:
+        raise UserError(f"{path} is not an rft-hpc buffer (no valid {FORMAT_FILE} file); "
+                        "buffers are made by explorers or `rft-hpc buffer import`")
+    return path
+
+
+def writer_names(buffer_dir: Path) -> list[str]:
+    """Names of the writer folders in a buffer (one listing of the buffer folder), sorted."""
+    try:
+        entries = os.scandir(buffer_dir)
+    except FileNotFoundError:
+        return []
+    with entries:
+        return sorted(e.name for e in entries
+                      if e.is_dir() and e.name != QUARANTINE and not e.name.startswith("."))
+
+
+def quarantine_segment(buffer_dir: Path, segment: Path, reason: str) -> Path:
+    """Move a damaged segment to `<buffer>/quarantine/<writer>/` with a `.reason.txt` beside it.
+
+    Returns the segment's new path. An earlier quarantined file of the same name is kept
+    (the new one gets a numeric suffix).
+    """
+    target_dir = buffer_dir / QUARANTINE / segment.parent.name
+    target_dir.mkdir(parents=True, exist_ok=True)
+    target = target_dir / segment.name
+    n = 1
+    while target.exists():
+        target = target_dir / f"{segment.name}.{n}"
+        n += 1
+    atomic_write_text(target.with_name(target.name + ".reason.txt"), reason.rstrip() + "\n")
+    os.replace(segment, target)
+    fsync_dir(segment.parent)
+    return target
+
+
+def stray_temporaries(writer_dir: Path) -> list[str]:
+    """Temporary files in a writer folder (a live writer's work, or a dead one's leftovers)."""
+    return sorted(e for e in os.listdir(writer_dir) if is_temporary(e))

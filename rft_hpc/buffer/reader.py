@@ -1,0 +1,259 @@
+"""The trainer's view of the buffer: discover committed segments, hand out records by policy.
+
+Discovery costs one listing of the buffer folder plus one `stat` per writer per poll: each
+writer's next segment is found by name (its first step is the previous segment's
+`step_end`), never by listing what was already consumed. The reader's whole position is
+`state_dict()`, plain JSON that goes into the trainer checkpoint; a reader built from it
+hands out exactly the records the saved one had not yet handed out, in the same order.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from rft_hpc.buffer.config import BufferConfig
+from rft_hpc.buffer.layout import quarantine_segment, writer_names
+from rft_hpc.buffer.records import Record
+from rft_hpc.buffer.sampling import PoolItem, build_pool
+from rft_hpc.buffer.segment import CorruptSegment, Segment, read_segment, segment_name
+from rft_hpc.buffer.segment import committed_segments as list_segments
+
+log = logging.getLogger(__name__)
+
+CURSOR_VERSION = 1
+
+
+@dataclass(frozen=True)
+class RecordRef:
+    """Where a record lives: writer folder, segment (its first step), index in the segment."""
+
+    writer: str
+    segment: int
+    index: int
+
+    def __str__(self) -> str:
+        return f"{self.writer}/{self.segment}/{self.index}"
+
+
+@dataclass
+class Batch:
+    """Records handed out by one `take`, with where they came from and their sample weights."""
+
+    records: list[Record] = field(default_factory=list)
+    refs: list[RecordRef] = field(default_factory=list)
+    weights: list[float] = field(default_factory=list)
+    uses: list[int] = field(default_factory=list)
+    """How many times each record had been handed out before (0 = first time)."""
+    dropped_stale: int = 0
+
+    def __len__(self) -> int:
+        return len(self.records)
+
+
+class BufferReader:
+    """Reads a buffer folder with a sampling policy, staleness bound and replay limit.
+
+    `poll()` discovers new committed segments (at most `max_pending` records are held in
+    memory; the rest wait on disk). `take(n, policy_version)` hands out up to `n` records.
+    A corrupt segment is skipped with a warning (and moved to quarantine when `quarantine`
+    is set); reading goes on with the writer's next segment.
+    """
+
+    def __init__(self, buffer_dir: str | os.PathLike[str], config: BufferConfig | None = None,
+                 *, state: dict[str, Any] | None = None, max_pending: int = 1 << 16,
+                 quarantine: bool = False) -> None:
+        self.buffer_dir = Path(buffer_dir)
+        self.config = config or BufferConfig()
+        self.max_pending = max_pending
+        self.quarantine = quarantine
+        self._pool = build_pool(self.config.sampler)
+        self._next: dict[str, int] = {}
+        self._stuck: dict[str, list[int]] = {}  # writer -> [segment, size, mtime_ns] unreadable
+        self._cache: dict[tuple[str, int], Segment] = {}
+        self._refs: Counter[tuple[str, int]] = Counter()
+        self.skipped: list[dict[str, Any]] = []
+        self.counters: Counter[str] = Counter()
+        if state is not None:
+            self._load_state(state)
+
+    # -- discovery ---------------------------------------------------------------------
+
+    def poll(self) -> int:
+        """Discover newly committed segments; return how many records were added."""
+        added = 0
+        for writer in writer_names(self.buffer_dir):
+            if writer not in self._next:
+                starts = list_segments(self.buffer_dir / writer)
+                if not starts:
+                    continue
+                self._next[writer] = starts[0]
+            while len(self._pool) < self.max_pending:
+                n = self._poll_one(writer)
+                if n is None:
+                    break
+                added += n
+        return added
+
+    def _poll_one(self, writer: str) -> int | None:
+        """Read the writer's next segment; the number of records added, or None to stop."""
+        start = self._next[writer]
+        path = self.buffer_dir / writer / segment_name(start)
+        try:
+            st = os.stat(path)
+        except FileNotFoundError:
+            return self._skip_if_superseded(writer, start) if writer in self._stuck else None
+        if self._stuck.get(writer) == [start, st.st_size, st.st_mtime_ns]:
+            return self._skip_if_superseded(writer, start)
+        try:
+            seg = read_segment(path)
+            if seg.step_start != start or seg.step_end <= start:
+                raise CorruptSegment(path, f"steps [{seg.step_start}, {seg.step_end}) do not "
+                                           f"match its name")
+        except CorruptSegment as exc:
+            log.warning("skipping %s", exc)
+            self.counters["corrupt_segments"] += 1
+            self._stuck[writer] = [start, st.st_size, st.st_mtime_ns]
+            if self.quarantine:
+                quarantine_segment(self.buffer_dir, path, f"found by a reader: {exc.reason}")
+            return self._skip_if_superseded(writer, start, exc.reason)
+        self._stuck.pop(writer, None)
+        self._next[writer] = seg.step_end
+        return self._add_segment(writer, seg)
+
+    def _skip_if_superseded(self, writer: str, start: int, reason: str = "unreadable") -> int | None:
+        """Past an unreadable segment, move on once the writer has committed a later one."""
+        later = [s for s in list_segments(self.buffer_dir / writer) if s > start]
+        if not later:
+            return None
+        self.skipped.append({"writer": writer, "segment": start, "reason": reason})
+        self.counters["skipped_segments"] += 1
+        self._stuck.pop(writer, None)
+        self._next[writer] = later[0]
+        return 0
+
+    def _add_segment(self, writer: str, seg: Segment) -> int:
+        cols = seg.columns
+        n = seg.num_records
+        versions = cols.get("policy_version")
+        priorities = cols.get("priority")
+        added = 0
+        for i in range(n):
+            item = PoolItem(writer, seg.step_start, i, taskset=cols["taskset"][i],
+                            version=None if versions is None else int(versions[i]),
+                            priority=0.0 if priorities is None else float(priorities[i]))
+            if self._pool.add(item):
+                added += 1
+            else:
+                self.counters["not_in_mixture"] += 1
+        key = (writer, seg.step_start)
+        if added:
+            self._cache[key] = seg
+            self._refs[key] += added
+        self.counters["segments_read"] += 1
+        self.counters["records_read"] += n
+        self.counters["bytes_read"] += seg.nbytes
+        return added
+
+    # -- handing out -------------------------------------------------------------------
+
+    @property
+    def pending(self) -> int:
+        """Records discovered and still to be handed out (counting allowed replays once)."""
+        return len(self._pool)
+
+    def take(self, n: int, policy_version: int | None = None) -> Batch:
+        """Hand out up to `n` records in policy order (fewer if fewer are available).
+
+        With `policy_version` and `max_staleness` set, a record whose policy lag exceeds the
+        bound is dropped or down-weighted as configured. A record goes back into the pool
+        until it has been handed out `max_uses` times.
+        """
+        cfg = self.config
+        batch = Batch()
+        replays: list[PoolItem] = []  # requeued after the loop: never twice in one batch
+        while len(batch) < n:
+            item = self._pool.pop()
+            if item is None:
+                break
+            weight = 1.0
+            if cfg.max_staleness is not None and policy_version is not None \
+                    and item.version is not None:
+                excess = policy_version - item.version - cfg.max_staleness
+                if excess > 0:
+                    if cfg.stale == "drop":
+                        batch.dropped_stale += 1
+                        self._release(item)
+                        continue
+                    weight = cfg.stale_weight ** excess
+            seg = self._segment(item)
+            if seg is None:
+                continue
+            batch.records.append(seg.record(item.index))
+            batch.refs.append(RecordRef(item.writer, item.segment, item.index))
+            batch.weights.append(weight)
+            batch.uses.append(item.uses)
+            item.uses += 1
+            if item.uses < cfg.max_uses:
+                replays.append(item)
+            else:
+                self._release(item)
+        for item in replays:
+            self._pool.requeue(item)
+        self.counters["taken"] += len(batch)
+        self.counters["dropped_stale"] += batch.dropped_stale
+        return batch
+
+    def _segment(self, item: PoolItem) -> Segment | None:
+        key = (item.writer, item.segment)
+        seg = self._cache.get(key)
+        if seg is not None:
+            return seg
+        path = self.buffer_dir / item.writer / segment_name(item.segment)
+        try:  # only after a restore: the segment was read and checked before the save
+            seg = self._cache[key] = read_segment(path)
+        except CorruptSegment as exc:
+            log.warning("lost a pending record: %s", exc)
+            self.counters["lost_records"] += 1
+            self._release(item)
+            return None
+        return seg
+
+    def _release(self, item: PoolItem) -> None:
+        key = (item.writer, item.segment)
+        self._refs[key] -= 1
+        if self._refs[key] <= 0:
+            del self._refs[key]
+            self._cache.pop(key, None)
+
+    # -- cursor ------------------------------------------------------------------------
+
+    def state_dict(self) -> dict[str, Any]:
+        """The reader's full position as JSON-serializable data (the cursor)."""
+        return {
+            "cursor_version": CURSOR_VERSION,
+            "sampler": self.config.sampler.type,
+            "next_segment": dict(self._next),
+            "stuck": dict(self._stuck),
+            "pool": self._pool.state(),
+            "skipped": list(self.skipped),
+            "counters": dict(self.counters),
+        }
+
+    def _load_state(self, state: dict[str, Any]) -> None:
+        if state.get("cursor_version") != CURSOR_VERSION:
+            raise ValueError(f"unsupported cursor version {state.get('cursor_version')!r}")
+        if state["sampler"] != self.config.sampler.type:
+            raise ValueError(f"cursor was saved with sampler {state['sampler']!r}, config says "
+                             f"{self.config.sampler.type!r}")
+        self._next = {k: int(v) for k, v in state["next_segment"].items()}
+        self._stuck = {k: list(v) for k, v in state["stuck"].items()}
+        self._pool.load_state(state["pool"])
+        self.skipped = list(state["skipped"])
+        self.counters = Counter(state["counters"])
+        for item in self._pool.items():
+            self._refs[(item.writer, item.segment)] += 1

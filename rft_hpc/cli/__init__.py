@@ -1,0 +1,1 @@
+"""The `rft-hpc` command line: a thin layer over the library API."""

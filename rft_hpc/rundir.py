@@ -1,0 +1,162 @@
+"""The run directory: the only state the roles share, and the one atomic-write helper.
+
+Layout (docs/run-directory.md, version 1)::
+
+    <run_root>/<run_name>/
+      config.yaml          resolved config, frozen at first submit
+      buffer/<writer>/     experience segments, one writer per folder
+      weights/v<NNNNNN>/   published policy weights + manifest.json; weights/LATEST
+      ckpt/trainer/step-<NNNNNN>/   full trainer state; ckpt/LATEST
+      state/               explorer cursors, heartbeats, rendezvous files, job ids
+      metrics/             JSONL per role + TensorBoard events
+      jobs/                submitit folders, sbatch scripts, logs
+
+Every file another role reads is written with `atomic_write_bytes` (or one of its wrappers):
+temporary name, flush, fsync, rename, fsync of the folder. No file locks are used anywhere.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+RUNDIR_LAYOUT_VERSION = 1
+
+TEMP_PREFIX = ".tmp-"
+"""Prefix of every temporary file rft-hpc writes; readers never open such a file."""
+
+
+def fsync_dir(path: str | os.PathLike[str]) -> None:
+    """Flush a folder's entries (a rename or create inside it) to stable storage."""
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def fsync_file(path: str | os.PathLike[str]) -> None:
+    """Flush a closed file's data to stable storage (for files written by other libraries)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def commit_file(tmp: str | os.PathLike[str], final: str | os.PathLike[str], *,
+                durable: bool = True) -> None:
+    """Make a fully written temporary file visible under its final name, atomically.
+
+    With `durable`, the file's data is fsynced before the rename and the folder after it,
+    so that after a crash the final name either does not exist or holds the whole file.
+    """
+    if durable:
+        fsync_file(tmp)
+    os.replace(tmp, final)
+    if durable:
+        fsync_dir(Path(final).parent)
+
+
+def atomic_write_bytes(path: str | os.PathLike[str], data: bytes, *, durable: bool = True) -> None:
+    """Write `data` to `path` so that readers see either the old file or the whole new one.
+
+    Temporary name in the same folder, write, flush, fsync, rename, fsync of the folder.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=TEMP_PREFIX + path.name + ".", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            if durable:
+                os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    if durable:
+        fsync_dir(path.parent)
+
+
+def atomic_write_text(path: str | os.PathLike[str], text: str, *, durable: bool = True) -> None:
+    """`atomic_write_bytes` for UTF-8 text."""
+    atomic_write_bytes(path, text.encode("utf-8"), durable=durable)
+
+
+def atomic_write_json(path: str | os.PathLike[str], obj: Any, *, durable: bool = True) -> None:
+    """`atomic_write_bytes` for a JSON document (indented, trailing newline)."""
+    atomic_write_text(path, json.dumps(obj, indent=2, sort_keys=True) + "\n", durable=durable)
+
+
+def read_json(path: str | os.PathLike[str]) -> Any:
+    """Read a JSON document written by `atomic_write_json`."""
+    return json.loads(Path(path).read_text(encoding="utf-8"))
+
+
+def is_temporary(name: str) -> bool:
+    """True for names of files still being written (never to be opened by a reader)."""
+    return name.startswith(TEMP_PREFIX)
+
+
+@dataclass(frozen=True)
+class RunDir:
+    """Paths inside one run directory. Creating the object touches nothing on disk."""
+
+    root: Path
+
+    @property
+    def config(self) -> Path:
+        return self.root / "config.yaml"
+
+    @property
+    def buffer(self) -> Path:
+        return self.root / "buffer"
+
+    @property
+    def weights(self) -> Path:
+        return self.root / "weights"
+
+    @property
+    def weights_latest(self) -> Path:
+        return self.weights / "LATEST"
+
+    def weights_version(self, version: int) -> Path:
+        return self.weights / f"v{version:06d}"
+
+    @property
+    def ckpt(self) -> Path:
+        return self.root / "ckpt"
+
+    @property
+    def ckpt_latest(self) -> Path:
+        return self.ckpt / "LATEST"
+
+    def trainer_ckpt(self, step: int) -> Path:
+        return self.ckpt / "trainer" / f"step-{step:06d}"
+
+    @property
+    def state(self) -> Path:
+        return self.root / "state"
+
+    @property
+    def metrics(self) -> Path:
+        return self.root / "metrics"
+
+    @property
+    def jobs(self) -> Path:
+        return self.root / "jobs"
+
+    def create(self) -> RunDir:
+        """Create the folders of the layout (idempotent) and record the layout version."""
+        for folder in (self.buffer, self.weights, self.ckpt, self.state, self.metrics, self.jobs):
+            folder.mkdir(parents=True, exist_ok=True)
+        marker = self.root / "RUNDIR_VERSION"
+        if not marker.exists():
+            atomic_write_text(marker, f"{RUNDIR_LAYOUT_VERSION}\n")
+        return self
