@@ -1,0 +1,1 @@
+"""Models and tokenizers built locally (nothing is ever fetched from a hub)."""
