@@ -125,7 +125,8 @@ class BufferReader:
         self._next[writer] = seg.step_end
         return self._add_segment(writer, seg)
 
-    def _skip_if_superseded(self, writer: str, start: int, reason: str = "unreadable") -> int | None:
+    def _skip_if_superseded(self, writer: str, start: int,
+                            reason: str = "unreadable") -> int | None:
         """Past an unreadable segment, move on once the writer has committed a later one."""
         later = [s for s in list_segments(self.buffer_dir / writer) if s > start]
         if not later:
