@@ -203,9 +203,9 @@ def read_jsonl_records(src: Path, kind: str, tokenizer: Path | None = None) -> l
             try:
                 records.append(line_to_record(kind, json.loads(line), encoder))
             except json.JSONDecodeError as exc:
-                errors.append(f"{src}:{lineno}: not valid JSON: {exc.msg} (column {exc.colno})")
+                errors.append(f"{src}, line {lineno}: not valid JSON: {exc.msg} (column {exc.colno})")
             except LineError as exc:
-                errors.append(f"{src}:{lineno}: {exc}")
+                errors.append(f"{src}, line {lineno}: {exc}")
     if errors:
         more = len(errors) - MAX_REPORTED_ERRORS
         shown = errors[:MAX_REPORTED_ERRORS] + ([f"... and {more} more"] if more > 0 else [])

@@ -3,22 +3,19 @@
 from __future__ import annotations
 
 import json
-import sys
 from dataclasses import asdict
 from pathlib import Path
 
 import typer
-from rich.console import Console
 from rich.table import Table
 
 from rft_hpc.buffer.check import WriterSummary, summarize_buffer, verify_buffer
 from rft_hpc.buffer.jsonl import KINDS, export_jsonl, import_jsonl
+from rft_hpc.cli.output import console, err_console
 from rft_hpc.errors import UserError
 
 app = typer.Typer(help="Inspect, import, export and verify an experience buffer.",
                   no_args_is_help=True)
-console = Console(highlight=False, width=None if sys.stdout.isatty() else 160)
-err = Console(stderr=True, highlight=False)
 
 
 def _fmt(x: float | None) -> str:
@@ -92,7 +89,7 @@ def export_cmd(
     """Export every record in token form (re-importable without a tokenizer)."""
     if not out.parent.is_dir():
         raise UserError(f"folder {out.parent} does not exist")
-    count = export_jsonl(buffer, out, warn=lambda m: err.print(f"[yellow]warning:[/] {m}"))
+    count = export_jsonl(buffer, out, warn=lambda m: err_console.print(f"[yellow]warning:[/] {m}"))
     console.print(f"exported {count} record(s) to {out}")
 
 
@@ -109,9 +106,9 @@ def verify_cmd(
     else:
         for p in report.problems:
             action = f" -> quarantined to {p.quarantined_to}" if p.quarantined_to else ""
-            err.print(f"[red]corrupt[/] {p.path}: {p.reason}{action}")
+            err_console.print(f"[red]corrupt[/] {p.path}: {p.reason}{action}")
         for t in report.temporaries:
-            err.print(f"[yellow]temporary file[/] {t} (a writer's unfinished segment)")
+            err_console.print(f"[yellow]temporary file[/] {t} (a writer's unfinished segment)")
         verdict = ("OK" if not report.problems
                    else f"{len(report.problems)} corrupt segment(s)"
                    + ("" if report.unfixed else ", all quarantined"))

@@ -2,17 +2,14 @@
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import typer
-from rich.console import Console
 
 from rft_hpc.buffer.check import summarize_buffer
 from rft_hpc.cli.buffer_cmd import summary_table
+from rft_hpc.cli.output import console
 from rft_hpc.demo import buffer_round_trip
-
-console = Console(highlight=False, width=None if sys.stdout.isatty() else 160)
 
 
 def demo(

@@ -1,0 +1,113 @@
+"""The `rft-hpc` command as a user runs it: real subprocesses, exit codes, messages."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from rft_hpc import __version__
+
+
+def rft(*args, cwd=None):
+    """Run `rft-hpc ARGS` in a fresh interpreter; returns the CompletedProcess."""
+    return subprocess.run([sys.executable, "-m", "rft_hpc.cli", *map(str, args)], cwd=cwd,
+                          capture_output=True, text=True, timeout=300)
+
+
+def assert_user_error(result, *fragments):
+    assert result.returncode != 0, result.stdout
+    assert "Traceback" not in result.stderr + result.stdout
+    for fragment in fragments:
+        assert fragment in result.stderr, result.stderr
+
+
+@pytest.fixture(scope="module")
+def demo_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("demo") / "run"
+    result = rft("demo", "--out", out)
+    assert result.returncode == 0, result.stderr
+    return out, result
+
+
+def test_version_and_help():
+    assert rft("--version").stdout.strip() == f"rft-hpc {__version__}"
+    result = rft("--help")
+    assert result.returncode == 0
+    for command in ("buffer", "validate", "demo"):
+        assert command in result.stdout
+
+
+def test_demo_round_trips_the_buffer(demo_run):
+    out, result = demo_run
+    assert "demo OK" in result.stdout
+    assert "identical: True" in result.stdout
+    assert (out / "buffer" / "explorer-0" / "00000000.h5").exists()
+
+
+def test_inspect_json_reports_every_writer(demo_run):
+    out, _ = demo_run
+    result = rft("buffer", "inspect", out / "buffer", "--json")
+    assert result.returncode == 0, result.stderr
+    rows = {w["writer"]: w for w in json.loads(result.stdout)["writers"]}
+    assert set(rows) == {"explorer-0", "explorer-1", "import-sft", "import-dpo"}
+    assert rows["explorer-0"]["records"] == 40 and rows["explorer-0"]["kinds"] == ["rl"]
+    assert rows["explorer-0"]["policy_versions"] == [0, 4]
+    assert rows["import-sft"]["records"] == 256
+    table = rft("buffer", "inspect", out / "buffer")
+    assert "explorer-1" in table.stdout and "reward" in table.stdout
+
+
+def test_import_export_verify_from_the_command_line(tmp_path, demo_run):
+    out, _ = demo_run
+    src = tmp_path / "rl.jsonl"
+    src.write_text('{"prompt": "1+2=", "response": "3", "reward": 1}\n'
+                   '{"prompt": "1+2=", "response": "4", "reward": 0}\n')
+    buf = tmp_path / "buf"
+    result = rft("buffer", "import", src, "--kind", "rl", "--out", buf,
+                 "--tokenizer", out / "tokenizer")
+    assert result.returncode == 0, result.stderr
+    assert "imported 2 rl record(s)" in result.stdout
+    result = rft("buffer", "export", buf, "--out", tmp_path / "back.jsonl")
+    assert result.returncode == 0, result.stderr
+    lines = [json.loads(x) for x in (tmp_path / "back.jsonl").read_text().splitlines()]
+    assert [x["reward"] for x in lines] == [1.0, 0.0]
+    result = rft("buffer", "verify", buf)
+    assert result.returncode == 0 and "OK" in result.stdout
+
+    segment = buf / "import-rl" / "00000000.h5"
+    segment.write_bytes(segment.read_bytes()[:1000])
+    assert_user_error(rft("buffer", "verify", buf), "corrupt", "00000000.h5")
+    fixed = rft("buffer", "verify", buf, "--fix")
+    assert fixed.returncode == 0, fixed.stderr
+    assert (buf / "quarantine" / "import-rl" / "00000000.h5.reason.txt").exists()
+
+
+def test_a_malformed_import_line_is_one_message_and_writes_nothing(tmp_path, demo_run):
+    out, _ = demo_run
+    src = tmp_path / "sft.jsonl"
+    src.write_text('{"prompt": "1+2=", "response": "3"}\n{"prompt": "1+2=", "respons": "3"}\n')
+    result = rft("buffer", "import", src, "--kind", "sft", "--out", tmp_path / "buf",
+                 "--tokenizer", out / "tokenizer")
+    assert_user_error(result, "line 2", "respons", "nothing imported")
+    assert not (tmp_path / "buf" / "import-sft").exists()
+
+
+@pytest.mark.parametrize(("args", "fragments"), [
+    (["buffer", "inspect", "{tmp}"], ["is not an rft-hpc buffer"]),
+    (["buffer", "verify", "{tmp}/nope"], ["does not exist"]),
+    (["buffer", "export", "{tmp}/nope", "--out", "{tmp}/x.jsonl"], ["does not exist"]),
+    (["buffer", "export", "{tmp}", "--out", "{tmp}/no/x.jsonl"], ["does not exist"]),
+    (["buffer", "import", "{tmp}/missing.jsonl", "--kind", "sft", "--out", "{tmp}/b"],
+     ["missing.jsonl does not exist"]),
+    (["buffer", "import", "{tmp}/f.jsonl", "--kind", "ppo", "--out", "{tmp}/b"],
+     ["unknown kind 'ppo'"]),
+    (["buffer", "import", "{tmp}/f.jsonl", "--kind", "sft", "--out", "{tmp}/b",
+      "--tokenizer", "{tmp}/notok"], ["notok does not exist"]),
+    (["buffer", "inspect"], ["Missing argument"]),
+    (["buffer", "frobnicate"], ["No such command"]),
+])
+def test_bad_input_gives_one_clear_message(tmp_path, args, fragments):
+    (tmp_path / "f.jsonl").write_text('{"prompt": "a", "response": "b"}\n')
+    result = rft(*[a.format(tmp=tmp_path) for a in args])
+    assert_user_error(result, *fragments)

@@ -1,0 +1,42 @@
+"""Run directory paths and the atomic-write helper."""
+
+import os
+import subprocess
+import sys
+
+from rft_hpc.rundir import RunDir, atomic_write_json, atomic_write_text, read_json
+
+
+def test_create_lays_out_every_folder(tmp_path):
+    run = RunDir(tmp_path / "run").create()
+    for folder in (run.buffer, run.weights, run.ckpt, run.state, run.metrics, run.jobs):
+        assert folder.is_dir()
+    assert (run.root / "RUNDIR_VERSION").read_text() == "1\n"
+    assert run.weights_version(12).name == "v000012"
+    assert run.trainer_ckpt(7).name == "step-000007"
+    RunDir(tmp_path / "run").create()  # idempotent
+
+
+def test_atomic_write_replaces_whole_file_and_leaves_no_temporaries(tmp_path):
+    target = tmp_path / "state" / "cursor.json"
+    atomic_write_json(target, {"step": 1})
+    atomic_write_json(target, {"step": 2, "pad": "x" * 100_000})
+    assert read_json(target)["step"] == 2
+    assert os.listdir(target.parent) == ["cursor.json"]
+
+
+def test_killed_writer_never_leaves_a_partial_file(tmp_path):
+    """A process killed while rewriting a file leaves the old or the new content, whole."""
+    target = tmp_path / "LATEST"
+    atomic_write_text(target, "old\n")
+    code = ("import sys; from rft_hpc.rundir import atomic_write_text\n"
+            "for i in range(10**6): atomic_write_text(sys.argv[1], f'{i}\\n' * 1000)\n")
+    for delay in (0.3, 0.5, 0.7):
+        proc = subprocess.Popen([sys.executable, "-c", code, str(target)])
+        try:
+            proc.wait(timeout=delay)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        lines = target.read_text().splitlines()
+        assert lines == ["old"] or (len(lines) == 1000 and len(set(lines)) == 1)

@@ -1,0 +1,63 @@
+#!/usr/bin/env bash
+# Install rft-hpc into ./.venv. Usage: bash tools/install.sh [--test]
+#
+#   (no flag)  the package and what the demo needs
+#   --test     also what the test suite needs: test extras and system tools (strace)
+#
+# torch is installed before the package so that pip never resolves it on its own: on a
+# machine without an NVIDIA GPU that would pull a multi-GB CUDA build. Override the
+# requirement with RFT_HPC_TORCH (e.g. RFT_HPC_TORCH="torch==2.13.0") and the interpreter
+# with PYTHON.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+with_tests=0
+for arg in "$@"; do
+  case "$arg" in
+    --test) with_tests=1 ;;
+    *) echo "usage: bash tools/install.sh [--test]" >&2; exit 2 ;;
+  esac
+done
+
+log() { printf '[install] %s\n' "$*"; }
+
+apt_install() {  # apt_install PACKAGE...: install Debian packages that are missing
+  local missing=()
+  for p in "$@"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
+  [ ${#missing[@]} -eq 0 ] && return 0
+  log "apt-get install ${missing[*]}"
+  local sudo=""; [ "$(id -u)" -ne 0 ] && sudo="sudo"
+  $sudo apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${missing[@]}" >/dev/null
+}
+
+PY=${PYTHON:-python3}
+"$PY" -c 'import sys; sys.exit(sys.version_info < (3, 11))' || {
+  echo "rft-hpc needs Python >= 3.11; $PY is $("$PY" --version 2>&1)" >&2; exit 1; }
+"$PY" -c 'import ensurepip, venv' 2>/dev/null || apt_install python3-venv
+
+if [ ! -x .venv/bin/python ]; then
+  log "creating .venv with $("$PY" --version)"
+  "$PY" -m venv .venv
+fi
+pip=(.venv/bin/python -m pip install -q --disable-pip-version-check)
+
+if ! .venv/bin/python -c 'import torch' 2>/dev/null; then
+  if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
+    torch_req=${RFT_HPC_TORCH:-torch}
+  else
+    torch_req=${RFT_HPC_TORCH:-torch==2.13.0}  # the CPU build on this platform's disk
+  fi
+  log "installing $torch_req"
+  "${pip[@]}" "$torch_req"
+fi
+
+if [ "$with_tests" -eq 1 ]; then
+  apt_install strace
+  log "installing rft-hpc with test extras"
+  "${pip[@]}" -e ".[test]"
+else
+  log "installing rft-hpc"
+  "${pip[@]}" -e .
+fi
+log "done: $(.venv/bin/rft-hpc --version)"
