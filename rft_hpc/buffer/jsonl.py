@@ -203,7 +203,8 @@ def read_jsonl_records(src: Path, kind: str, tokenizer: Path | None = None) -> l
             try:
                 records.append(line_to_record(kind, json.loads(line), encoder))
             except json.JSONDecodeError as exc:
-                errors.append(f"{src}, line {lineno}: not valid JSON: {exc.msg} (column {exc.colno})")
+                errors.append(f"{src}, line {lineno}: not valid JSON: {exc.msg} "
+                              f"(column {exc.colno})")
             except LineError as exc:
                 errors.append(f"{src}, line {lineno}: {exc}")
     if errors:

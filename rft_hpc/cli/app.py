@@ -10,6 +10,7 @@ import sys
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 from rft_hpc import __version__
 from rft_hpc.errors import UserError
@@ -52,14 +53,18 @@ def _register_commands() -> None:
 
 def report_user_error(exc: BaseException) -> None:
     """Print a user error as one clear message (no traceback)."""
-    err_console.print(f"[bold red]error:[/] {exc}", markup=True, highlight=False)
+    # The message is plain text: escape it, or rich would eat "[...]" and choke on "[/]".
+    err_console.print(f"[bold red]error:[/] {escape(str(exc))}", markup=True, highlight=False)
 
 
 def main() -> None:
     """Console-script entry point: run the app, turning user errors into exit status 2."""
     _register_commands()
     try:
-        app(standalone_mode=False)
+        # Without standalone mode, click returns the code of a `typer.Exit` instead of raising.
+        status = app(standalone_mode=False)
+        if isinstance(status, int) and not isinstance(status, bool) and status != 0:
+            sys.exit(status)
     except typer.Exit as exc:
         sys.exit(exc.exit_code)
     except typer.Abort:
@@ -72,9 +77,23 @@ def main() -> None:
         err_console.print("interrupted")
         sys.exit(130)
     except Exception as exc:  # click usage errors carry their own formatting
-        import click
-
-        if isinstance(exc, click.exceptions.ClickException):
+        if isinstance(exc, _usage_error_types()) and hasattr(exc, "show"):
             exc.show()
-            sys.exit(exc.exit_code)
+            sys.exit(getattr(exc, "exit_code", 2))
         raise
+
+
+def _usage_error_types() -> tuple[type[Exception], ...]:
+    """Base classes of click's usage errors (missing argument, unknown option): typer >= 0.2x
+    vendors click as `typer._click` (its errors derive from `typer.TyperException`) and need
+    not install click; older typers raise click's own `ClickException`."""
+    kinds: list[type[Exception]] = []
+    if hasattr(typer, "TyperException"):
+        kinds.append(typer.TyperException)
+    try:
+        import click
+    except ImportError:
+        pass
+    else:
+        kinds.append(click.ClickException)
+    return tuple(kinds)

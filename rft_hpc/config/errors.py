@@ -47,8 +47,8 @@ class Problem:
 
 
 class ConfigError(UserError):
-    """A config that cannot be used. `problems` lists every problem found, in file order
-    where it has one; the message shows them one per line."""
+    """A config that cannot be used: `problems` holds every problem found, and the message
+    shows them one per line, in the order given."""
 
     def __init__(self, problems: Sequence[Problem]) -> None:
         if not problems:

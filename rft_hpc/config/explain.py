@@ -9,15 +9,15 @@ gets a did-you-mean from the fields it could have been.
 from __future__ import annotations
 
 import difflib
-import types
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from functools import cache, reduce
-from operator import or_
-from typing import Any, Literal, Union, get_args, get_origin
+from functools import cache
+from typing import Any, Literal, get_args, get_origin
 
 from pydantic import BaseModel
 from pydantic_core import ErrorDetails
+
+from rft_hpc.config.annotations import is_model, is_union, models_in, tags, without_none
 
 Key = str | int
 """One step of a key path: a mapping key, or a list index."""
@@ -69,23 +69,24 @@ def dotted(keys: Sequence[Key]) -> str:
 
 
 def locate(root: type[BaseModel], loc: Sequence[Key]) -> Target:
-    """Follow a pydantic error location through the models under `root`."""
+    """Follow a pydantic error location through the models under `root`: the key path as
+    the user wrote it (union member labels dropped) and the model and type found there."""
     keys: list[Key] = []
     owner: type[BaseModel] | None = root
     annotation: Any = root
     discriminator: str | None = None
     for step in loc:
-        annotation = _without_none(annotation)
+        annotation = without_none(annotation)
         if discriminator is not None:  # this step is the tag that selected a variant
             annotation, discriminator = _variant(annotation, discriminator, step), None
             continue
-        if _is_union(annotation):  # pydantic labels the union member it tried
+        if is_union(annotation):  # pydantic labels the union member it tried
             annotation = None
             continue
         keys.append(step)
-        owner = annotation if _is_model(annotation) else None
+        owner = annotation if is_model(annotation) else None
         annotation, discriminator = _child(annotation, step)
-    return Target(tuple(keys), owner, _without_none(annotation), discriminator)
+    return Target(tuple(keys), owner, without_none(annotation), discriminator)
 
 
 def explain(root: type[BaseModel], error: ErrorDetails) -> tuple[tuple[Key, ...], str]:
@@ -105,28 +106,30 @@ def explain(root: type[BaseModel], error: ErrorDetails) -> tuple[tuple[Key, ...]
         return target.keys, _expected_choice(choices, given, ctx.get("expected", ""))
     if kind in _BOUNDS:
         name, op = _BOUNDS[kind]
-        return target.keys, f"must be {op} {ctx.get(name)}, got {_describe(given)}"
+        return target.keys, f"must be {op} {ctx.get(name)}, got {describe(given)}"
     if kind in ("value_error", "assertion_error") and "error" in ctx:
         return target.keys, str(ctx["error"])
     expected = _EXPECTED.get(kind.split("_", 1)[0])
     if expected is not None and (kind.endswith(("_type", "_parsing")) or kind == "int_from_float"):
-        return target.keys, f"expected {expected}, got {_describe(given)}"
-    return target.keys, f"{error['msg']} (got {_describe(given)})"
+        quote = expected in ("a string", "a path") and isinstance(given, int | float | bool)
+        hint = "; put it in quotes to mean text" if quote else ""
+        return target.keys, f"expected {expected}, got {describe(given)}{hint}"
+    return target.keys, f"{error['msg']} (got {describe(given)})"
 
 
 def _explain_tag(target: Target, given: Any) -> tuple[tuple[Key, ...], str]:
     disc = target.discriminator
     assert disc is not None
-    tags = [tag for member in get_args(target.annotation) for tag in _tags(member, disc)]
+    known = [tag for member in get_args(target.annotation) for tag in tags(member, disc)]
     if isinstance(given, dict) and disc in given:
-        return (*target.keys, disc), _expected_choice(tags, given[disc], "")
-    choices = ", ".join(repr(t) for t in tags)
+        return (*target.keys, disc), _expected_choice(known, given[disc], "")
+    choices = ", ".join(repr(t) for t in known)
     return target.keys, f"needs a '{disc}' key, one of {choices}"
 
 
 def _expected_choice(choices: Sequence[Any], given: Any, fallback: str) -> str:
     listed = ", ".join(repr(c) for c in choices) if choices else fallback
-    message = f"expected one of {listed}, got {_describe(given)}"
+    message = f"expected one of {listed}, got {describe(given)}"
     if isinstance(given, str):
         message += _did_you_mean(given, [str(c) for c in choices])
     return message
@@ -138,7 +141,8 @@ def _key_hint(root: type[BaseModel], target: Target) -> str:
     hint = _did_you_mean(str(key), allowed)
     if hint:
         return hint
-    elsewhere = [path for path, name in _all_fields(root) if name == key]
+    here = dotted(target.keys)
+    elsewhere = [path for path, name in _all_fields(root) if name == key and path != here]
     if elsewhere:
         return _did_you_mean_text(elsewhere)
     return f"; allowed keys: {', '.join(allowed)}" if allowed else ""
@@ -155,7 +159,8 @@ def _did_you_mean_text(matches: Sequence[str]) -> str:
     return f"; did you mean {listed}?"
 
 
-def _describe(value: Any) -> str:
+def describe(value: Any) -> str:
+    """A short phrase for a value the user gave: `'abc'`, `3`, `true`, `a mapping`."""
     if value is None:
         return "an empty value"
     if isinstance(value, bool):
@@ -174,22 +179,14 @@ def _all_fields(model: type[BaseModel], prefix: str = "") -> tuple[tuple[str, st
     for name, field in model.model_fields.items():
         path = f"{prefix}{name}"
         found.append((path, name))
-        for sub in _models_in(field.annotation):
+        for sub in models_in(field.annotation):
             found.extend(_all_fields(sub, path + "."))
     return tuple(dict.fromkeys(found))
 
 
-def _models_in(annotation: Any) -> Iterator[type[BaseModel]]:
-    if _is_model(annotation):
-        yield annotation
-    elif _is_union(annotation):
-        for member in get_args(annotation):
-            yield from _models_in(member)
-
-
 def _child(annotation: Any, key: Key) -> tuple[Any, str | None]:
     """The declared type of entry `key` of a value declared as `annotation`."""
-    if _is_model(annotation):
+    if is_model(annotation):
         field = annotation.model_fields.get(str(key))
         if field is None:
             return None, None
@@ -205,27 +202,6 @@ def _child(annotation: Any, key: Key) -> tuple[Any, str | None]:
 
 def _variant(annotation: Any, discriminator: str, tag: Key) -> Any:
     for member in get_args(annotation):
-        if tag in _tags(member, discriminator):
+        if tag in tags(member, discriminator):
             return member
     return None
-
-
-def _tags(member: Any, discriminator: str) -> tuple[Any, ...]:
-    if not _is_model(member) or discriminator not in member.model_fields:
-        return ()
-    return get_args(member.model_fields[discriminator].annotation)
-
-
-def _is_model(annotation: Any) -> bool:
-    return isinstance(annotation, type) and issubclass(annotation, BaseModel)
-
-
-def _is_union(annotation: Any) -> bool:
-    return get_origin(annotation) in (Union, types.UnionType)
-
-
-def _without_none(annotation: Any) -> Any:
-    if not _is_union(annotation):
-        return annotation
-    rest = [a for a in get_args(annotation) if a is not type(None)]
-    return reduce(or_, rest) if rest else None

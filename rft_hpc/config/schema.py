@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from rft_hpc.buffer.config import BufferConfig
 
@@ -151,3 +151,18 @@ class ExperimentConfig(_Section):
     sync: SyncConfig = Field(default_factory=SyncConfig)
     """Weight synchronization from the trainer to the explorers (Trinity-RFT's
     `synchronizer`)."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _empty_sections(cls, data: Any) -> Any:
+        """A section left empty in YAML (`trainer:` with nothing under it) takes its defaults."""
+        if not isinstance(data, dict):
+            return data
+        return {k: v for k, v in data.items() if not (v is None and k in _SECTIONS)}
+
+
+_SECTIONS = frozenset(
+    name for name, field in ExperimentConfig.model_fields.items()
+    if isinstance(field.annotation, type) and issubclass(field.annotation, BaseModel)
+)
+"""Top-level keys that hold a section (a mapping of settings), rather than a single value."""

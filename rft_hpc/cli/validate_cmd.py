@@ -1,0 +1,28 @@
+"""`rft-hpc validate`: check a config file (and overrides) without running anything."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+from rft_hpc.config import load_config
+
+
+def validate(
+    config: Path = typer.Argument(..., metavar="CONFIG", help="Experiment config file (YAML)."),
+    set_: list[str] = typer.Option(
+        [], "--set", metavar="KEY=VALUE",
+        help="Override one setting, e.g. --set trainer.lr=1e-5 (repeatable).",
+    ),
+) -> None:
+    """Check a config file and its overrides without running anything.
+
+    Prints a one-line summary and exits 0 when valid; else lists every problem, exit 2.
+    """
+    # A `ConfigError` propagates: `app.main` prints it as one message and exits 2.
+    cfg = load_config(config, set_)
+    typer.echo(
+        f"OK: {config} (mode={cfg.mode}, {cfg.explorer.count} explorer(s), "
+        f"trainer {cfg.trainer.algorithm})"
+    )

@@ -1,0 +1,45 @@
+"""Small helpers to read the type annotations of the config models."""
+
+from __future__ import annotations
+
+import types
+from collections.abc import Iterator
+from functools import reduce
+from operator import or_
+from typing import Any, Union, get_args, get_origin
+
+from pydantic import BaseModel
+
+
+def is_model(annotation: Any) -> bool:
+    """Whether `annotation` is a pydantic model class (a section of settings)."""
+    return isinstance(annotation, type) and issubclass(annotation, BaseModel)
+
+
+def is_union(annotation: Any) -> bool:
+    """Whether `annotation` is a union (`A | B` or `typing.Union`)."""
+    return get_origin(annotation) in (Union, types.UnionType)
+
+
+def without_none(annotation: Any) -> Any:
+    """`annotation` with `None` taken out of a union (`int | None` -> `int`)."""
+    if not is_union(annotation):
+        return annotation
+    rest = [a for a in get_args(annotation) if a is not type(None)]
+    return reduce(or_, rest) if rest else None
+
+
+def tags(member: Any, discriminator: str) -> tuple[Any, ...]:
+    """The discriminator values that select `member` of a discriminated union (or none)."""
+    if not is_model(member) or discriminator not in member.model_fields:
+        return ()
+    return get_args(member.model_fields[discriminator].annotation)
+
+
+def models_in(annotation: Any) -> Iterator[type[BaseModel]]:
+    """The model classes `annotation` allows: itself, or the models among a union's members."""
+    if is_model(annotation):
+        yield annotation
+    elif is_union(annotation):
+        for member in get_args(annotation):
+            yield from models_in(member)

@@ -1,0 +1,266 @@
+"""Loading an experiment config: YAML file, `--set` overrides, validation, checks.
+
+Every problem is collected before anything is raised, so that one `ConfigError` names them
+all, each with the file, the dotted key and the line of the file (or the `--set` it came
+from).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import ValidationError
+
+from rft_hpc.config.errors import ConfigError, Problem
+from rft_hpc.config.explain import Key, describe, dotted, explain
+from rft_hpc.config.schema import ExperimentConfig
+
+Check = Callable[[ExperimentConfig], Iterator[tuple[tuple[Key, ...], str]]]
+"""A check of a validated config: yields (key path, problem) for each thing wrong."""
+
+OVERRIDE_EXAMPLE = "trainer.lr=1e-5"
+
+
+def load_config(
+    path: str | os.PathLike[str], overrides: Sequence[str] = ()
+) -> ExperimentConfig:
+    """Read the YAML config at `path`, apply the `KEY=VALUE` overrides and validate it.
+
+    An empty file gives all defaults. Each override sets one dotted key (`trainer.lr=1e-5`)
+    to a YAML value (`buffer.sampler={type: priority}`), creating the sections on its way.
+    On any problem (missing or unreadable file, bad YAML, malformed override, unknown key,
+    wrong type or value, `model.path` that does not exist) raises `ConfigError` naming every
+    problem found, each with its key and line; never returns a partly valid config.
+    """
+    path = Path(path)
+    source = _Source(path, _read(path))
+    problems = list(source.duplicate_keys())
+    problems += [Problem(path, message, override=text)
+                 for text, message in source.apply_overrides(overrides)]
+    config, failed, invalid = _validate(source)
+    problems += invalid
+    problems += _run_checks(source, config, failed)
+    if problems:
+        problems.sort(key=lambda p: (p.line is None, p.line or 0))
+        raise ConfigError(problems)
+    assert config is not None
+    return config
+
+
+def _read(path: Path) -> str:
+    if not path.exists():
+        raise ConfigError([Problem(path, f"config file not found{_looked_in(path)}")])
+    if path.is_dir():
+        raise ConfigError([Problem(path, "is a folder, not a config file")])
+    try:
+        return path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise ConfigError(
+            [Problem(path, f"not UTF-8 text ({exc.reason} at byte {exc.start})")]
+        ) from None
+    except OSError as exc:
+        raise ConfigError([Problem(path, f"cannot read the file: {exc.strerror}")]) from None
+
+
+def _looked_in(path: Path) -> str:
+    """Where a relative path was looked for (the current directory), for not-found messages."""
+    return "" if path.is_absolute() else f" (looked in {Path.cwd()})"
+
+
+class _Source:
+    """The parsed file: its data, its YAML node tree (for line numbers) and the overrides."""
+
+    def __init__(self, path: Path, text: str) -> None:
+        self.path = path
+        self.node, data = _parse_yaml(path, text)
+        if data is None:
+            data = {}
+        if not isinstance(data, dict):
+            fields = ", ".join(ExperimentConfig.model_fields)
+            raise ConfigError([Problem(
+                path, f"the top level must be a mapping of sections ({fields}), "
+                f"got {describe(data)}", line=self.node.start_mark.line + 1 if self.node else None,
+            )])
+        self.data: dict[Any, Any] = data
+        self.overrides: list[tuple[tuple[str, ...], str]] = []
+
+    def apply_overrides(self, overrides: Sequence[str]) -> Iterator[tuple[str, str]]:
+        """Apply each override to `data`; yields (override, problem) for those that cannot be."""
+        for text in overrides:
+            key, sep, raw = text.partition("=")
+            keys = tuple(part.strip() for part in key.split("."))
+            if not sep or not all(keys):
+                yield text, f"expected KEY=VALUE with a dotted key, e.g. {OVERRIDE_EXAMPLE}"
+                continue
+            try:
+                value = yaml.safe_load(raw)
+            except yaml.YAMLError as exc:
+                yield text, f"the value is not valid YAML: {getattr(exc, 'problem', exc)}"
+                continue
+            problem = _set_path(self.data, keys, value)
+            if problem:
+                yield text, problem
+            else:
+                self.overrides.append((keys, text))
+
+    def problem(self, keys: Sequence[Key], message: str) -> Problem:
+        """A problem at `keys`, placed on the line of the file or at the override it came from."""
+        line, exact = self.line(keys)
+        override = self._override_of(tuple(keys), exact)
+        if override is not None:
+            return Problem(self.path, message, key=dotted(keys), override=override)
+        return Problem(self.path, message, key=dotted(keys), line=line)
+
+    def line(self, keys: Sequence[Key]) -> tuple[int | None, bool]:
+        """1-based line of the deepest key of `keys` in the file, and whether all were found."""
+        node, line = self.node, None
+        for key in keys:
+            child = _child_node(node, key)
+            if child is None:
+                return line, False
+            line, node = child[0].start_mark.line + 1, child[1]
+        return line, True
+
+    def duplicate_keys(self) -> Iterator[Problem]:
+        """A problem for each key written twice in one mapping (YAML would keep the last)."""
+        for keys, first, again in _duplicates(self.node, (), set()):
+            yield Problem(self.path, f"duplicate key (first on line {first}); only one may "
+                          "be given", key=dotted(keys), line=again)
+
+    def _override_of(self, keys: tuple[Key, ...], in_file: bool) -> str | None:
+        for set_keys, text in reversed(self.overrides):
+            if keys[:len(set_keys)] == set_keys:
+                return text  # the value at `keys` is (inside) what the override set
+            if not in_file and set_keys[:len(keys)] == keys:
+                return text  # the override created `keys` on its way
+        return None
+
+
+def _parse_yaml(path: Path, text: str) -> tuple[yaml.Node | None, Any]:
+    loader = yaml.SafeLoader(text)
+    try:
+        node = loader.get_single_node()
+        return node, (loader.construct_document(node) if node is not None else None)
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        context = f"{exc.context}, " if exc.context else ""
+        raise ConfigError([Problem(
+            path, f"invalid YAML: {context}{exc.problem}",
+            line=mark.line + 1 if mark else None, column=mark.column + 1 if mark else None,
+        )]) from None
+    except yaml.YAMLError as exc:
+        raise ConfigError([Problem(path, f"invalid YAML: {exc}")]) from None
+    finally:
+        loader.dispose()
+
+
+def _set_path(data: dict[Any, Any], keys: tuple[str, ...], value: Any) -> str | None:
+    """Set `data[k1][k2]...` = value, creating (or copying, to unshare YAML aliases) the
+    mappings on the way; returns a problem instead when one of them is not a mapping."""
+    here = data
+    for depth, key in enumerate(keys[:-1], start=1):
+        below = here.get(key)
+        if below is None:
+            below = {}
+        elif not isinstance(below, dict):
+            prefix = dotted(keys[:depth])
+            return f"cannot set {dotted(keys)}: {prefix} is {describe(below)}, not a mapping"
+        here[key] = below = dict(below)
+        here = below
+    here[keys[-1]] = value
+    return None
+
+
+def _child_node(node: yaml.Node | None, key: Key) -> tuple[yaml.Node, yaml.Node] | None:
+    """The (key node, value node) of entry `key` of a mapping or sequence node (last wins)."""
+    if isinstance(node, yaml.MappingNode):
+        found = [(k, v) for k, v in node.value
+                 if isinstance(k, yaml.ScalarNode) and k.value == str(key)]
+        return found[-1] if found else None
+    if isinstance(node, yaml.SequenceNode) and isinstance(key, int) and key < len(node.value):
+        item = node.value[key]
+        return item, item
+    return None
+
+
+def _duplicates(
+    node: yaml.Node | None, keys: tuple[Key, ...], seen: set[int]
+) -> Iterator[tuple[tuple[Key, ...], int, int]]:
+    """(key path, first line, repeated line) of each repeated key under `node`."""
+    if node is None or id(node) in seen:  # aliases may make the node tree cyclic
+        return
+    seen.add(id(node))
+    if isinstance(node, yaml.MappingNode):
+        first: dict[str, int] = {}
+        for key_node, value_node in node.value:
+            name = key_node.value if isinstance(key_node, yaml.ScalarNode) else None
+            if name is None or name == "<<":
+                continue
+            line = key_node.start_mark.line + 1
+            if name in first:
+                yield (*keys, name), first[name], line
+            first.setdefault(name, line)
+            yield from _duplicates(value_node, (*keys, name), seen)
+    elif isinstance(node, yaml.SequenceNode):
+        for index, item in enumerate(node.value):
+            yield from _duplicates(item, (*keys, index), seen)
+
+
+def _validate(source: _Source) -> tuple[ExperimentConfig | None, set[Key] | None, list[Problem]]:
+    """The validated config (None if invalid), the top-level keys that failed (None when the
+    config failed as a whole) and a problem for every validation error."""
+    try:
+        return ExperimentConfig.model_validate(source.data), set(), []
+    except ValidationError as exc:
+        errors = exc.errors()
+    problems = [source.problem(*explain(ExperimentConfig, error)) for error in errors]
+    if any(not error["loc"] for error in errors):
+        return None, None, problems
+    return None, {error["loc"][0] for error in errors}, problems
+
+
+def _run_checks(
+    source: _Source, config: ExperimentConfig | None, failed: set[Key] | None
+) -> list[Problem]:
+    """Run each check whose sections all validated (on a config with the failed sections
+    left at their defaults, so that their problems are still reported alongside)."""
+    if failed is None:
+        return []
+    if config is None:
+        kept = {k: v for k, v in source.data.items() if k not in failed}
+        try:
+            config = ExperimentConfig.model_validate(kept)
+        except ValidationError:
+            return []
+    return [source.problem(keys, message)
+            for sections, check in CHECKS if not sections & failed
+            for keys, message in check(config)]
+
+
+def _model_path_exists(config: ExperimentConfig) -> Iterator[tuple[tuple[Key, ...], str]]:
+    path = config.model.path
+    if path is None:
+        return
+    if not path.exists():
+        yield ("model", "path"), f"model folder {str(path)!r} does not exist{_looked_in(path)}"
+    elif not path.is_dir():
+        yield ("model", "path"), f"{str(path)!r} is a file; expected a Hugging Face model folder"
+
+
+def _grpo_needs_groups(config: ExperimentConfig) -> Iterator[tuple[tuple[Key, ...], str]]:
+    if config.mode == "both" and config.trainer.algorithm == "grpo" and config.explorer.repeat < 2:
+        yield ("explorer", "repeat"), (
+            "grpo compares the rollouts of one task with each other, so it needs repeat >= 2, "
+            f"got {config.explorer.repeat}"
+        )
+
+
+CHECKS: tuple[tuple[frozenset[str], Check], ...] = (
+    (frozenset({"model"}), _model_path_exists),
+    (frozenset({"mode", "trainer", "explorer"}), _grpo_needs_groups),
+)
+"""Checks beyond the schema, each with the top-level sections it reads."""
