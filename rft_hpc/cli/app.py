@@ -9,10 +9,10 @@ from __future__ import annotations
 import sys
 
 import typer
-from rich.console import Console
 from rich.markup import escape
 
 from rft_hpc import __version__
+from rft_hpc.cli.output import err_console
 from rft_hpc.errors import UserError
 
 app = typer.Typer(
@@ -23,7 +23,6 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 
-err_console = Console(stderr=True, highlight=False, soft_wrap=True)
 
 
 def _version_callback(value: bool) -> None:
