@@ -13,7 +13,7 @@ import json
 import math
 import os
 import shutil
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -227,17 +227,24 @@ def import_jsonl(src: Path, kind: str, out: Path, *, tokenizer: Path | None = No
                  writer: str | None = None, records_per_segment: int = 4096) -> ImportResult:
     """Import a JSONL file as a new writer folder of the buffer `out`, all or nothing."""
     records = read_jsonl_records(src, kind, tokenizer)
-    name = writer or f"import-{src.stem}"
+    return write_new_writer(records, kind, out, writer or f"import-{src.stem}",
+                            records_per_segment=records_per_segment)
+
+
+def write_new_writer(records: Sequence[Record], kind: str, out: Path, writer: str, *,
+                     records_per_segment: int = 4096) -> ImportResult:
+    """Write `records` as the new writer folder `out/<writer>`, which appears whole or not
+    at all (segments are staged in a temporary folder, then moved by one rename)."""
     ensure_buffer_dir(out)
-    final = out / name
+    final = out / writer
     if final.exists():
         raise UserError(f"{final} already exists: import into another buffer or pass --writer")
-    stage = out / f"{TEMP_PREFIX}{name}.{os.getpid()}"
+    stage = out / f"{TEMP_PREFIX}{writer}.{os.getpid()}"
     try:
-        w = SegmentWriter(stage, name, kind)
+        w = SegmentWriter(stage, writer, kind)
         for step, i in enumerate(range(0, len(records), records_per_segment)):
             w.write_step(step, records[i:i + records_per_segment])
-        os.rename(stage / name, final)
+        os.rename(stage / writer, final)
         fsync_dir(out)
     finally:
         shutil.rmtree(stage, ignore_errors=True)

@@ -73,6 +73,7 @@ class BufferReader:
         self.quarantine = quarantine
         self._pool = build_pool(self.config.sampler)
         self._next: dict[str, int] = {}
+        self._listed: dict[str, int] = {}  # writer -> last segment seen by its one listing
         self._stuck: dict[str, list[int]] = {}  # writer -> [segment, size, mtime_ns] unreadable
         self._cache: dict[tuple[str, int], Segment] = {}
         self._refs: Counter[tuple[str, int]] = Counter()
@@ -87,17 +88,29 @@ class BufferReader:
         """Discover newly committed segments; return how many records were added."""
         added = 0
         for writer in writer_names(self.buffer_dir):
-            if writer not in self._next:
-                starts = list_segments(self.buffer_dir / writer)
-                if not starts:
-                    continue
-                self._next[writer] = starts[0]
+            if writer not in self._listed and not self._first_look(writer):
+                continue
             while len(self._pool) < self.max_pending:
                 n = self._poll_one(writer)
                 if n is None:
                     break
                 added += n
         return added
+
+    def _first_look(self, writer: str) -> bool:
+        """List a writer's folder once per reader object: where to start, what exists.
+
+        A new reader starts at the writer's first segment. The listing also lets a reader
+        move past a hole (a segment quarantined by another process, before this reader or
+        while it was stopped) instead of waiting for that segment for ever. False if the
+        writer has no segment yet.
+        """
+        starts = list_segments(self.buffer_dir / writer)
+        if not starts:
+            return False
+        self._next.setdefault(writer, starts[0])
+        self._listed[writer] = starts[-1]
+        return True
 
     def _poll_one(self, writer: str) -> int | None:
         """Read the writer's next segment; the number of records added, or None to stop."""
@@ -106,7 +119,11 @@ class BufferReader:
         try:
             st = os.stat(path)
         except FileNotFoundError:
-            return self._skip_if_superseded(writer, start) if writer in self._stuck else None
+            if writer in self._stuck:
+                return self._skip_if_superseded(writer, start)
+            if self._listed[writer] > start:  # a hole: listed later segments exist
+                return self._skip_if_superseded(writer, start, "missing")
+            return None
         if self._stuck.get(writer) == [start, st.st_size, st.st_mtime_ns]:
             return self._skip_if_superseded(writer, start)
         try:
@@ -140,17 +157,18 @@ class BufferReader:
     def _add_segment(self, writer: str, seg: Segment) -> int:
         cols = seg.columns
         n = seg.num_records
-        versions = cols.get("policy_version")
-        priorities = cols.get("priority")
+        versions = cols["policy_version"].tolist() if "policy_version" in cols else [None] * n
+        priorities = cols["priority"].tolist() if "priority" in cols else [0.0] * n
+        start = seg.step_start
+        add = self._pool.add
         added = 0
-        for i in range(n):
-            item = PoolItem(writer, seg.step_start, i, taskset=cols["taskset"][i],
-                            version=None if versions is None else int(versions[i]),
-                            priority=0.0 if priorities is None else float(priorities[i]))
-            if self._pool.add(item):
+        for i, (taskset, version, priority) in enumerate(
+                zip(cols["taskset"], versions, priorities, strict=True)):
+            if add(PoolItem(writer, start, i, taskset=taskset, version=version,
+                            priority=priority)):
                 added += 1
-            else:
-                self.counters["not_in_mixture"] += 1
+        if added < n:
+            self.counters["not_in_mixture"] += n - added
         key = (writer, seg.step_start)
         if added:
             self._cache[key] = seg

@@ -14,12 +14,14 @@ import re
 import time
 import zlib
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from operator import attrgetter
 from pathlib import Path
 from typing import Any
 
 import h5py
 import numpy as np
+from h5py import h5a, h5d, h5p, h5s, h5t
 
 from rft_hpc import __version__
 from rft_hpc.buffer.records import RECORD_TYPES, Record
@@ -29,6 +31,44 @@ SCHEMA_VERSION = 1
 LIBVER = ("v110", "v110")  # readable by any HDF5 >= 1.10; metadata carries checksums
 _NAME = re.compile(r"^(\d+)\.h5$")
 _STR = h5py.string_dtype("utf-8")
+# The writer and reader use h5py's low-level API (one HDF5 call per dataset and attribute,
+# without the high-level layer's per-call overhead); the files are the same as those made by
+# `h5py.File.create_dataset(name, data=...)` and `attrs[...] = ...`.
+_T_STR = h5t.py_create(_STR, logical=True)
+_T_CRC = h5t.py_create(np.dtype("<u4"))
+_JSON = json.JSONEncoder(separators=(",", ":"), sort_keys=True, ensure_ascii=True)
+
+
+def _make_info_encoder() -> Any:
+    """`_JSON.encode` without its per-call set-up: one C encoder, made once.
+
+    Same output as `json.dumps(info, separators=(",", ":"), sort_keys=True)`; falls back on
+    `_JSON.encode` where the C accelerator is missing.
+    """
+    make = getattr(json.encoder, "c_make_encoder", None)
+    if make is None:
+        return _JSON.encode
+    try:
+        enc = make(None, _JSON.default, json.encoder.encode_basestring_ascii, None, ":", ",",
+                   True, False, True)
+
+        def encode(obj: Any) -> str:
+            return "".join(enc(obj, 0))
+
+        probe = {"b": [1.5, float("nan"), None], "a": "é"}
+        if encode(probe) != _JSON.encode(probe):
+            return _JSON.encode
+    except Exception:
+        return _JSON.encode
+    return encode
+
+
+_encode_info = _make_info_encoder()
+_decode_json = json.JSONDecoder().raw_decode  # no whitespace scan: the writer adds none
+
+
+def _info_dict(text: str) -> dict[str, Any]:
+    return _decode_json(text)[0] if text != "{}" else {}
 
 
 @dataclass(frozen=True)
@@ -106,10 +146,24 @@ def _crc_array(a: np.ndarray) -> int:
 
 
 def _crc_strings(values: Sequence[str]) -> int:
-    crc = 0
-    for v in values:
-        crc = zlib.crc32(v.encode("utf-8") + b"\0", crc)
-    return crc
+    """CRC-32 of the values' UTF-8 bytes, each followed by a NUL byte (0 for no values)."""
+    return zlib.crc32(("\0".join(values) + "\0").encode("utf-8")) if values else 0
+
+
+def _info_json(info: dict[str, Any]) -> str:
+    return _encode_info(info) if info else "{}"
+
+
+def _scalar_columns(schema: KindSchema, records: Sequence[Record]) -> dict[str, np.ndarray]:
+    """Per-record number columns, gathered in one pass over the records."""
+    names = [name for name, _ in schema.scalars]
+    if not records:
+        return {name: np.zeros(0, dtype=dtype) for name, dtype in schema.scalars}
+    get = attrgetter(*names)
+    # One structured array from the rows (one conversion per value), then one column each.
+    table = np.array([get(r) for r in records],
+                     dtype=[(name, dtype) for name, dtype in schema.scalars])
+    return {name: np.ascontiguousarray(table[name]) for name in names}
 
 
 def records_to_columns(kind: str, records: Sequence[Record]) -> dict[str, Any]:
@@ -127,15 +181,41 @@ def records_to_columns(kind: str, records: Sequence[Record]) -> dict[str, Any]:
             parts = [getattr(r, name) for r in records]
             cols[name] = (np.concatenate(parts).astype(dtype, copy=False) if parts
                           else np.zeros(0, dtype=dtype))
-    for name, dtype in schema.scalars:
-        cols[name] = np.fromiter((getattr(r, name) for r in records), dtype, count=n)
+    cols.update(_scalar_columns(schema, records))
     for name in schema.strings:
         if name == "info":
-            cols[name] = [json.dumps(r.info, separators=(",", ":"), sort_keys=True)
-                          for r in records]
+            cols[name] = [_info_json(r.info) for r in records]
         else:
             cols[name] = [getattr(r, name) for r in records]
     return cols
+
+
+def _dcpl() -> h5p.PropDCID:
+    """What `create_dataset` uses without options: contiguous layout, no timestamps."""
+    dcpl = h5p.create(h5p.DATASET_CREATE)
+    dcpl.set_obj_track_times(False)
+    return dcpl
+
+
+def _write_dataset(parent: Any, name: str, data: np.ndarray, tid: h5t.TypeID,
+                   dcpl: h5p.PropDCID, crc: int) -> None:
+    ds = h5d.create(parent, name.encode(), tid, h5s.create_simple(data.shape), dcpl=dcpl)
+    if data.size:
+        ds.write(h5s.ALL, h5s.ALL, data)
+    _write_attr(ds, "crc32", np.array(crc, dtype="<u4"), _T_CRC)
+    ds.close()
+
+
+def _write_attr(obj: Any, name: str, value: np.ndarray, tid: h5t.TypeID) -> None:
+    attr = h5a.create(obj, name.encode(), tid, h5s.create(h5s.SCALAR))
+    attr.write(value)
+    attr.close()
+
+
+def _attr_value(v: Any) -> tuple[np.ndarray, h5t.TypeID]:
+    """A file attribute as `attrs[name] = v` stores it (int64, float64 or UTF-8 string)."""
+    arr = np.array(v, dtype=_STR) if isinstance(v, str) else np.array(v)
+    return arr, h5t.py_create(arr.dtype, logical=True)
 
 
 def write_segment_file(path: Path, kind: str, records: Sequence[Record], *, writer: str,
@@ -151,22 +231,23 @@ def write_segment_file(path: Path, kind: str, records: Sequence[Record], *, writ
             raise ValueError(f"a {r.kind!r} record in a {kind!r} segment")
     cols = records_to_columns(kind, records)
     nbytes = 0
+    dcpl = _dcpl()
     with h5py.File(path, "w", libver=LIBVER) as f:
-        f.attrs.update({
+        root = f["/"].id
+        for name, value in {
             "schema_version": SCHEMA_VERSION, "kind": kind, "writer": writer,
             "step_start": step_start, "step_end": step_end, "num_records": len(records),
             "created": time.time(), "producer": f"rft-hpc {__version__}",
-        })
+        }.items():
+            _write_attr(root, name, *_attr_value(value))
         for name, values in cols.items():
             if isinstance(values, list):
-                ds = f.create_dataset(name, shape=(len(values),), dtype=_STR)
-                if values:
-                    ds[...] = values
-                ds.attrs["crc32"] = np.uint32(_crc_strings(values))
-                nbytes += sum(len(v) for v in values)
+                _write_dataset(f.id, name, np.array(values, dtype=_STR), _T_STR, dcpl,
+                               _crc_strings(values))
+                nbytes += sum(map(len, values))
             else:
-                ds = f.create_dataset(name, data=values)
-                ds.attrs["crc32"] = np.uint32(_crc_array(values))
+                _write_dataset(f.id, name, values, h5t.py_create(values.dtype), dcpl,
+                               _crc_array(values))
                 nbytes += values.nbytes
     return nbytes
 
@@ -181,6 +262,8 @@ class Segment:
     step_start: int
     step_end: int
     columns: dict[str, Any]
+    _lists: dict[str, list[Any]] = field(default_factory=dict, init=False, repr=False,
+                                         compare=False)
 
     @property
     def num_records(self) -> int:
@@ -194,27 +277,51 @@ class Segment:
         """Record `i` of this segment (token arrays are views into the segment's columns)."""
         schema = SCHEMAS[self.kind]
         cols = self.columns
+        lists = self._lists or self._make_lists()
         kwargs: dict[str, Any] = {}
         for g in schema.groups:
-            off = cols[g.offsets]
+            off = lists[g.offsets]
             s, e = off[i], off[i + 1]
             for name, _ in g.columns:
                 kwargs[name] = cols[name][s:e]
         for name, _ in schema.scalars:
-            kwargs[name] = cols[name][i].item()
+            kwargs[name] = lists[name][i]
         for name in schema.strings:
-            kwargs[name] = json.loads(cols[name][i]) if name == "info" else cols[name][i]
+            kwargs[name] = _info_dict(cols[name][i]) if name == "info" else cols[name][i]
         return RECORD_TYPES[self.kind](**kwargs)
+
+    def _make_lists(self) -> dict[str, list[Any]]:
+        """Offsets and number columns as Python lists, converted once for `record`."""
+        schema = SCHEMAS[self.kind]
+        for name in [g.offsets for g in schema.groups] + [n for n, _ in schema.scalars]:
+            self._lists[name] = self.columns[name].tolist()
+        return self._lists
 
     def records(self) -> list[Record]:
         return [self.record(i) for i in range(self.num_records)]
 
 
+def _open(path: Path) -> h5py.File:
+    return h5py.File(path, "r")
+
+
+def _read_attrs(f: h5py.File) -> dict[str, Any]:
+    root = f["/"].id
+    attrs = {}
+    for i in range(h5a.get_num_attrs(root)):
+        attr = h5a.open(root, index=i)
+        value = np.empty(attr.shape, dtype=attr.dtype)
+        attr.read(value)
+        attrs[attr.name.decode("utf-8")] = _py(value[()])
+        attr.close()
+    return attrs
+
+
 def read_segment_attrs(path: Path) -> dict[str, Any]:
     """The file attributes of a segment, without reading or checking its data."""
     try:
-        with h5py.File(path, "r") as f:
-            return {k: _py(v) for k, v in f.attrs.items()}
+        with _open(path) as f:
+            return _read_attrs(f)
     except Exception as exc:
         raise CorruptSegment(path, f"cannot open: {exc}") from exc
 
@@ -233,8 +340,8 @@ def read_segment(path: Path, *, fields: Sequence[str] | None = None) -> Segment:
     for a file from a newer schema.
     """
     try:
-        with h5py.File(path, "r") as f:
-            attrs = {k: _py(v) for k, v in f.attrs.items()}
+        with _open(path) as f:
+            attrs = _read_attrs(f)
             version = int(attrs["schema_version"])
             if version > SCHEMA_VERSION:
                 raise UnsupportedSegment(
@@ -261,7 +368,7 @@ def _read_columns(f: h5py.File, schema: KindSchema, n: int,
         if not names:
             continue
         off = _read_numeric(f, g.offsets, "<i8", n + 1)
-        if off[0] != 0 or np.any(np.diff(off) < 0):
+        if off[0] != 0 or np.any(off[1:] < off[:-1]):
             raise ValueError(f"{g.offsets} not increasing from 0")
         cols[g.offsets] = off
         for name, dtype in g.columns:
@@ -271,26 +378,48 @@ def _read_columns(f: h5py.File, schema: KindSchema, n: int,
         if name in wanted:
             cols[name] = _read_numeric(f, name, dtype, n)
     for name in schema.strings:
-        ds = f[name]
-        if ds.shape != (n,):
-            raise ValueError(f"{name} has shape {ds.shape}, expected ({n},)")
-        values = ds.asstr()[()].tolist() if n else []
-        if _crc_strings(values) != int(ds.attrs["crc32"]):
-            raise ValueError(f"checksum mismatch in {name}")
-        cols[name] = values
+        cols[name] = _read_strings(f, name, n)
     return cols
 
 
+def _stored_crc(ds: h5d.DatasetID) -> int:
+    attr = h5a.open(ds, b"crc32")
+    value = np.empty(attr.shape, dtype=attr.dtype)
+    attr.read(value)
+    attr.close()
+    return int(value)
+
+
 def _read_numeric(f: h5py.File, name: str, dtype: str, length: int) -> np.ndarray:
-    ds = f[name]
+    ds = h5d.open(f.id, name.encode())
     if ds.shape != (length,) or ds.dtype != np.dtype(dtype):
         raise ValueError(f"{name} is {ds.dtype}{ds.shape}, expected {dtype}({length},)")
     arr = np.empty(length, dtype=dtype)
     if length:
-        ds.read_direct(arr)
-    if _crc_array(arr) != int(ds.attrs["crc32"]):
+        ds.read(h5s.ALL, h5s.ALL, arr)
+    if _crc_array(arr) != _stored_crc(ds):
         raise ValueError(f"checksum mismatch in {name}")
+    ds.close()
     return arr
+
+
+def _read_strings(f: h5py.File, name: str, n: int) -> list[str]:
+    ds = h5d.open(f.id, name.encode())
+    info = h5t.check_string_dtype(ds.dtype)
+    if ds.shape != (n,) or info is None or info.length is not None:
+        raise ValueError(f"{name} is {ds.dtype}{ds.shape}, expected strings ({n},)")
+    raw = np.empty(n, dtype=_STR)
+    if n:
+        ds.read(h5s.ALL, h5s.ALL, raw)
+    # UTF-8 bytes, NUL-separated: the checksum and the decoding each take one call.
+    joined = b"\0".join(raw.tolist()) + b"\0" if n else b""
+    if zlib.crc32(joined) != _stored_crc(ds):
+        raise ValueError(f"checksum mismatch in {name}")
+    ds.close()
+    values = joined[:-1].decode("utf-8").split("\0") if n else []
+    if len(values) != n:
+        raise ValueError(f"{name} holds a NUL character")
+    return values
 
 
 def committed_segments(writer_dir: Path) -> list[int]:

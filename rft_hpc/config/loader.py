@@ -160,18 +160,30 @@ def _parse_yaml(path: Path, text: str) -> tuple[yaml.Node | None, Any]:
 
 def _set_path(data: dict[Any, Any], keys: tuple[str, ...], value: Any) -> str | None:
     """Set `data[k1][k2]...` = value, creating (or copying, to unshare YAML aliases) the
-    mappings on the way; returns a problem instead when one of them is not a mapping."""
-    here = data
-    for depth, key in enumerate(keys[:-1], start=1):
-        below = here.get(key)
+    mappings on the way; a numeric key indexes an existing list (`stages.0.trainer.lr`).
+    Returns a problem instead when the path cannot be followed."""
+    here: Any = data
+    for depth, key in enumerate(keys, start=1):
+        prefix = dotted(keys[:depth - 1])
+        if isinstance(here, list):
+            if not key.isdigit() or int(key) >= len(here):
+                return (f"cannot set {dotted(keys)}: {prefix} is a list of {len(here)}; "
+                        f"use an index 0..{len(here) - 1}")
+            slot: Any = int(key)
+        elif isinstance(here, dict):
+            slot = key
+        else:
+            return f"cannot set {dotted(keys)}: {prefix} is {describe(here)}, not a mapping"
+        if depth == len(keys):
+            here[slot] = value
+            return None
+        below = here.get(slot) if isinstance(here, dict) else here[slot]
         if below is None:
             below = {}
-        elif not isinstance(below, dict):
-            prefix = dotted(keys[:depth])
-            return f"cannot set {dotted(keys)}: {prefix} is {describe(below)}, not a mapping"
-        here[key] = below = dict(below)
+        if isinstance(below, dict | list):
+            below = type(below)(below)  # a copy: unshare YAML aliases
+        here[slot] = below
         here = below
-    here[keys[-1]] = value
     return None
 
 
@@ -243,8 +255,8 @@ def _run_checks(
 
 def _model_path_exists(config: ExperimentConfig) -> Iterator[tuple[tuple[Key, ...], str]]:
     path = config.model.path
-    if path is None:
-        return
+    if path is None or (config.model.init is not None and not path.exists()):
+        return  # a missing folder with `init` set is built by the run
     if not path.exists():
         yield ("model", "path"), f"model folder {str(path)!r} does not exist{_looked_in(path)}"
     elif not path.is_dir():
@@ -252,15 +264,17 @@ def _model_path_exists(config: ExperimentConfig) -> Iterator[tuple[tuple[Key, ..
 
 
 def _grpo_needs_groups(config: ExperimentConfig) -> Iterator[tuple[tuple[Key, ...], str]]:
-    if config.mode == "both" and config.trainer.algorithm == "grpo" and config.explorer.repeat < 2:
-        yield ("explorer", "repeat"), (
-            "grpo compares the rollouts of one task with each other, so it needs repeat >= 2, "
-            f"got {config.explorer.repeat}"
-        )
+    for index, (_, stage) in enumerate(config.stage_configs()):
+        where: tuple[Key, ...] = ("stages", index) if config.stages else ()
+        if stage.mode == "both" and stage.trainer.algorithm == "grpo" \
+                and stage.explorer.repeat < 2:
+            yield (*where, "explorer", "repeat"), (
+                "grpo compares the rollouts of one task with each other, so it needs "
+                f"repeat >= 2, got {stage.explorer.repeat}")
 
 
 CHECKS: tuple[tuple[frozenset[str], Check], ...] = (
     (frozenset({"model"}), _model_path_exists),
-    (frozenset({"mode", "trainer", "explorer"}), _grpo_needs_groups),
+    (frozenset({"mode", "trainer", "explorer", "stages"}), _grpo_needs_groups),
 )
 """Checks beyond the schema, each with the top-level sections it reads."""

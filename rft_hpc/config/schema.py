@@ -14,6 +14,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from rft_hpc.buffer.config import BufferConfig
+from rft_hpc.tasks.config import ArithmeticTasks, TasksConfig
 
 Mode = Literal["both", "train", "explore", "bench"]
 
@@ -59,6 +60,14 @@ class ModelConfig(_Section):
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
     """Parameter dtype for inference and training (float32 on CPUs, bfloat16 on GPUs)."""
 
+    init: Literal["tiny"] | None = None
+    """Build this model at `path` when the folder does not exist yet (`tiny`: the ~1M
+    parameter Llama of `rft-hpc model init tiny`, for demos and tests)."""
+
+    start_weights: Path | None = None
+    """A published weights folder (weights/v<N>) loaded over the model folder's own weights;
+    set by multi-stage runs to start a stage where the previous one ended."""
+
 
 class ExplorerConfig(_Section):
     """The explorers: processes (Slurm array tasks) that turn tasks into scored rollouts."""
@@ -82,8 +91,22 @@ class ExplorerConfig(_Section):
     max_new_tokens: int = Field(16, ge=1)
     """Longest response generated per rollout, in tokens."""
 
-    steps: int = Field(100, ge=1)
-    """Explorer steps each explorer runs before it stops."""
+    steps: int | None = Field(None, ge=1)
+    """Explorer steps each explorer runs; null runs as many as the trainer consumes
+    (trainer.steps x trainer.batch_size / (count x tasks_per_step x repeat))."""
+
+    threads: int = Field(1, ge=1)
+    """CPU threads of each explorer process (torch intra-op threads)."""
+
+    def records_per_step(self) -> int:
+        """Records all explorers together write per explorer step."""
+        return self.count * self.tasks_per_step * self.repeat
+
+    def total_steps(self, trainer: TrainerConfig) -> int:
+        """`steps`, or enough steps to feed every step of `trainer` once."""
+        if self.steps is not None:
+            return self.steps
+        return -(-trainer.steps * trainer.batch_size // self.records_per_step())
 
 
 class TrainerConfig(_Section):
@@ -107,6 +130,21 @@ class TrainerConfig(_Section):
     save_interval: int = Field(50, ge=1)
     """Trainer steps between full checkpoints (model, optimizer, buffer cursor)."""
 
+    warmup_steps: int = Field(0, ge=0)
+    """Steps of linear learning-rate warm-up from 0."""
+
+    weight_decay: float = Field(0.0, ge=0.0)
+    """AdamW weight decay."""
+
+    clip_ratio: float = Field(0.2, gt=0.0)
+    """PPO/GRPO clip range of the policy ratio (1 - clip, 1 + clip)."""
+
+    kl_coef: float = Field(0.0, ge=0.0)
+    """Weight of the k3 KL penalty to the initial (reference) policy in the loss; 0 = none."""
+
+    threads: int = Field(1, ge=1)
+    """CPU threads of the trainer process (torch intra-op threads)."""
+
 
 class SyncConfig(_Section):
     """How and how often new policy weights travel from the trainer to the explorers."""
@@ -124,6 +162,61 @@ class SyncConfig(_Section):
 
     timeout: float = Field(600.0, gt=0.0)
     """Seconds a sync may take before the role falls back to `checkpoint` (`sync_timeout`)."""
+
+
+class EvalConfig(_Section):
+    """Held-out evaluation: greedy exact-match accuracy on the task source's eval split."""
+
+    interval: int = Field(0, ge=0)
+    """Trainer steps between evaluations; 0 evaluates only at the start and the end."""
+
+    max_new_tokens: int = Field(16, ge=1)
+    """Longest answer generated per evaluation task."""
+
+    batch_size: int = Field(512, ge=1)
+    """Evaluation prompts generated together."""
+
+
+class DataConfig(_Section):
+    """Offline data imported into the buffer before a `train` stage starts."""
+
+    source: Literal["tasks", "jsonl"] = "tasks"
+    """`tasks`: SFT samples (prompt -> answer) from the task source's training split;
+    `jsonl`: the file at `path`, as `rft-hpc buffer import` reads it."""
+
+    path: Path | None = None
+    """JSONL file (with source=jsonl)."""
+
+    kind: Literal["sft", "dpo", "rl"] = "sft"
+    """Record kind of the JSONL file."""
+
+
+class StageConfig(_Section):
+    """One stage of a multi-stage run: the base config with these sections changed."""
+
+    name: str
+    """Name of the stage (its folder is stages/<index>-<name>)."""
+
+    mode: Mode | None = None
+    """Which roles run in this stage (default: the base config's mode)."""
+
+    trainer: TrainerConfig | None = None
+    """Trainer settings that differ from the base config's (only the keys given)."""
+
+    explorer: ExplorerConfig | None = None
+    """Explorer settings that differ from the base config's (only the keys given)."""
+
+    buffer: BufferConfig | None = None
+    """Buffer settings that differ from the base config's (only the keys given)."""
+
+    sync: SyncConfig | None = None
+    """Sync settings that differ from the base config's (only the keys given)."""
+
+    eval: EvalConfig | None = None
+    """Evaluation settings that differ from the base config's (only the keys given)."""
+
+    data: DataConfig | None = None
+    """Offline data for a `train` stage."""
 
 
 class ExperimentConfig(_Section):
@@ -152,6 +245,39 @@ class ExperimentConfig(_Section):
     """Weight synchronization from the trainer to the explorers (Trinity-RFT's
     `synchronizer`)."""
 
+    tasks: TasksConfig = Field(default_factory=ArithmeticTasks)
+    """Where tasks come from: generated arithmetic or JSONL task files."""
+
+    eval: EvalConfig = Field(default_factory=EvalConfig)
+    """Held-out evaluation during and after training."""
+
+    data: DataConfig | None = None
+    """Offline data for mode `train` (imported into the buffer first)."""
+
+    stages: list[StageConfig] = Field(default_factory=list)
+    """Stages run one after the other (e.g. SFT warm-up, then GRPO), each starting from the
+    weights the previous one ended with; empty = one stage, the config itself."""
+
+    def stage_configs(self) -> list[tuple[str, ExperimentConfig]]:
+        """(name, config) of each stage in order: the base with the stage's keys applied."""
+        if not self.stages:
+            return [("main", self)]
+        base = self.model_dump(exclude={"stages"})
+        out = []
+        for stage in self.stages:
+            merged = dict(base, stages=[])
+            for section in ("trainer", "explorer", "buffer", "sync", "eval"):
+                given = getattr(stage, section)
+                if given is not None:
+                    merged[section] = _deep_update(base[section],
+                                                   given.model_dump(exclude_unset=True))
+            if stage.mode is not None:
+                merged["mode"] = stage.mode
+            if stage.data is not None:
+                merged["data"] = stage.data.model_dump()
+            out.append((stage.name, ExperimentConfig.model_validate(merged)))
+        return out
+
     @model_validator(mode="before")
     @classmethod
     def _empty_sections(cls, data: Any) -> Any:
@@ -159,6 +285,16 @@ class ExperimentConfig(_Section):
         if not isinstance(data, dict):
             return data
         return {k: v for k, v in data.items() if not (v is None and k in _SECTIONS)}
+
+
+def _deep_update(base: dict[str, Any], changes: dict[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for key, value in changes.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict) and "type" not in value:
+            out[key] = _deep_update(out[key], value)
+        else:
+            out[key] = value
+    return out
 
 
 _SECTIONS = frozenset(

@@ -1,0 +1,73 @@
+"""`rft-hpc run`, `rft-hpc model init` and the role entry points that launchers start."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import typer
+
+from rft_hpc.cli.output import console
+from rft_hpc.errors import UserError
+
+
+def run(
+    config: Path = typer.Argument(..., help="Experiment config (YAML)."),
+    set_: list[str] = typer.Option([], "--set", help="Override a key: --set trainer.lr=1e-5."),
+) -> None:
+    """Run an experiment on this machine, every role a local process (resumes if re-run)."""
+    from rft_hpc.run.local import run_local
+
+    result = run_local(config, set_)
+    ev = result.summary["eval"]
+    console.print(json.dumps(result.summary["seconds"]))
+    console.print(f"held-out accuracy: start of RL {_pct(ev['initial_accuracy'])} -> end "
+                  f"{_pct(ev['final_accuracy'])} (base model {_pct(ev['base_accuracy'])})")
+    console.print(f"summary: {result.root / 'summary.json'}   report: "
+                  f"{result.root / 'report.png'}")
+
+
+def _pct(x: float | None) -> str:
+    return "-" if x is None else f"{100 * x:.1f}%"
+
+
+model_app = typer.Typer(help="Build models locally.", no_args_is_help=True)
+
+
+@model_app.command("init")
+def model_init(
+    kind: str = typer.Argument(..., help="Which model to build: tiny."),
+    out: Path = typer.Option(..., "--out", help="Folder to write the model to."),
+) -> None:
+    """Build a model folder locally (tiny: ~1M-parameter Llama with a character tokenizer)."""
+    if kind != "tiny":
+        raise UserError(f"unknown model {kind!r}: only 'tiny' can be built")
+    if out.exists() and any(out.iterdir()):
+        raise UserError(f"{out} exists and is not empty")
+    from rft_hpc.models.tiny import init_tiny_model
+
+    init_tiny_model(out)
+    console.print(f"tiny model written to {out}")
+
+
+role_app = typer.Typer(help="Role entry points (started by `run` and by Slurm jobs).",
+                       no_args_is_help=True)
+
+
+@role_app.command("explorer")
+def role_explorer(
+    stage: Path = typer.Argument(..., help="Stage directory."),
+    index: int = typer.Option(0, "--index", help="Explorer index (Slurm array task id)."),
+) -> None:
+    """Run explorer INDEX of a stage directory."""
+    from rft_hpc.explorer.role import run_explorer
+
+    run_explorer(stage, index)
+
+
+@role_app.command("trainer")
+def role_trainer(stage: Path = typer.Argument(..., help="Stage directory.")) -> None:
+    """Run the trainer of a stage directory."""
+    from rft_hpc.trainer.role import run_trainer
+
+    run_trainer(stage)

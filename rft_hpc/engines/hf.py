@@ -1,0 +1,119 @@
+"""The transformers inference engine: batched sampling with per-token log-probs, on CPUs.
+
+Log-probs are those of the sampling distribution: raw logits divided by the temperature
+(no top-k or top-p), which is what the trainer recomputes for the policy ratio.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+@dataclass
+class Completion:
+    """One sampled response."""
+
+    tokens: list[int]
+    """Response token ids, ending with EOS when the model finished."""
+    logprobs: list[float]
+    """Log-prob of each response token under the sampling distribution."""
+    text: str
+    """The response decoded without special tokens."""
+    finished: bool
+    """True when the model emitted EOS within the token budget."""
+
+
+def load_policy(model_path: str | Path, dtype: str = "float32") -> tuple[Any, Any]:
+    """Tokenizer and causal LM from a local Hugging Face folder (never a hub)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+    tokenizer = AutoTokenizer.from_pretrained(str(model_path), local_files_only=True)
+    model = AutoModelForCausalLM.from_pretrained(str(model_path), local_files_only=True,
+                                                 dtype=DTYPES[dtype])
+    return tokenizer, model
+
+
+class HFEngine:
+    """Generates groups of completions for token-id prompts with a transformers model."""
+
+    def __init__(self, model_path: str | Path | None = None, *, dtype: str = "float32",
+                 device: str = "cpu", model: Any = None, tokenizer: Any = None) -> None:
+        if model is None:
+            tokenizer, model = load_policy(model_path, dtype)
+            model.to(device).eval()
+        self.tokenizer, self.model = tokenizer, model
+        self.device = device
+        self.eos_id = self.tokenizer.eos_token_id
+        self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None \
+            else self.eos_id
+        self.version = 0
+        """Version of the weights loaded (0 = the initial model)."""
+
+    def load_weights(self, state_dict: Mapping[str, torch.Tensor], version: int) -> None:
+        """Replace the model's weights in place with a published state dict."""
+        self.model.load_state_dict(state_dict, strict=True)
+        self.version = version
+
+    def encode(self, prompt: str) -> list[int]:
+        """Token ids of a prompt (with the tokenizer's special tokens)."""
+        return list(self.tokenizer(prompt, add_special_tokens=True)["input_ids"])
+
+    @torch.no_grad()
+    def generate(self, prompts: Sequence[Sequence[int]], *, n: int, max_new_tokens: int,
+                 temperature: float, seed: int) -> list[list[Completion]]:
+        """`n` completions per prompt; temperature 0 decodes greedily (log-probs at T=1).
+
+        The same prompts, weights and seed give the same completions.
+        """
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            return self._generate(prompts, n, max_new_tokens, temperature, seed)
+        finally:
+            self.model.train(was_training)
+
+    def _generate(self, prompts: Sequence[Sequence[int]], n: int, max_new_tokens: int,
+                  temperature: float, seed: int) -> list[list[Completion]]:
+        from transformers import GenerationConfig
+
+        rows = [list(p) for p in prompts for _ in range(n)]
+        width = max(len(r) for r in rows)
+        ids = torch.full((len(rows), width), self.pad_id, dtype=torch.long)
+        mask = torch.zeros_like(ids)
+        for i, r in enumerate(rows):  # left padding: every prompt ends at column `width`
+            ids[i, width - len(r):] = torch.tensor(r)
+            mask[i, width - len(r):] = 1
+        greedy = temperature <= 0
+        config = GenerationConfig(
+            do_sample=not greedy, temperature=None if greedy else temperature, top_k=None,
+            top_p=None, max_new_tokens=max_new_tokens, pad_token_id=self.pad_id,
+            eos_token_id=self.eos_id, bos_token_id=self.tokenizer.bos_token_id,
+            output_logits=True, return_dict_in_generate=True)
+        torch.manual_seed(seed)
+        out = self.model.generate(input_ids=ids.to(self.device),
+                                  attention_mask=mask.to(self.device), generation_config=config)
+        new = out.sequences[:, width:].cpu()
+        logits = torch.stack(out.logits, dim=1).float().cpu()  # [rows, steps, vocab]
+        logp = torch.log_softmax(logits / (1.0 if greedy else temperature), dim=-1)
+        token_logp = logp.gather(-1, new.unsqueeze(-1)).squeeze(-1)
+        completions = [self._completion(new[i], token_logp[i]) for i in range(len(rows))]
+        return [completions[i * n:(i + 1) * n] for i in range(len(prompts))]
+
+    def _completion(self, tokens: torch.Tensor, logp: torch.Tensor) -> Completion:
+        toks = tokens.tolist()
+        end = len(toks)
+        finished = self.eos_id in toks
+        if finished:
+            end = toks.index(self.eos_id) + 1
+        toks = toks[:end]
+        text = self.tokenizer.decode(toks, skip_special_tokens=True)
+        return Completion(toks, logp[:end].tolist(), text, finished)

@@ -1,0 +1,1 @@
+"""Evaluation of a policy on held-out task sets."""

@@ -1,0 +1,1 @@
+"""The explorer: turns tasks into scored experiences with an inference engine."""

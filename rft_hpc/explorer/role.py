@@ -1,0 +1,131 @@
+"""The explorer role: step by step, tasks -> rollouts -> one buffer segment, new weights in.
+
+Explorer `i` at step `s` takes the tasks of `(s, i)` from the seeded task stream, so a
+restarted explorer redoes exactly the steps that were never committed. Before step `s` it
+holds weights of at least version `required_version(s)` (the sync rules), and at every step
+boundary it loads the newest published weights.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import numpy as np
+
+from rft_hpc.buffer.writer import SegmentWriter
+from rft_hpc.config import ExperimentConfig
+from rft_hpc.engines.hf import HFEngine
+from rft_hpc.explorer.workflow import SamplingSettings, explore_tasks
+from rft_hpc.monitor.metrics import MetricsWriter
+from rft_hpc.roles.common import StopFlag, load_stage, set_threads, write_heartbeat
+from rft_hpc.rundir import RunDir, read_json
+from rft_hpc.sync.checkpoint import WeightsGone, latest_weights_version, load_weights
+from rft_hpc.tasks.source import build_tasks
+from rft_hpc.tasks.stream import TaskStream
+
+
+def required_version(step: int, config: ExperimentConfig) -> int:
+    """The oldest weights explorer step `step` may use.
+
+    Trainer step k consumes explorer step k and publishes version k + 1 (every
+    `sync.interval` steps), so strictly on-policy step s needs version s; an explorer may
+    run `sync.offset` steps ahead; mode `explore` never waits.
+    """
+    if config.mode != "both":
+        return 0
+    need = max(0, step - config.sync.offset)
+    return need - need % config.sync.interval
+
+
+def step_seed(seed: int, step: int, index: int) -> int:
+    """The sampling seed of explorer `index` at `step` (the same after any restart)."""
+    return int(np.random.SeedSequence([seed, step, index]).generate_state(1)[0])
+
+
+def load_start_weights(engine: HFEngine, config: ExperimentConfig) -> None:
+    """Load the stage's starting weights (multi-stage runs) over the model folder's own."""
+    if config.model.start_weights is not None:
+        folder = Path(config.model.start_weights)
+        engine.load_weights(load_weights(folder.parent, int(folder.name[1:])), 0)
+
+
+class WeightFollower:
+    """Keeps an engine on the newest published weights (checkpoint sync method)."""
+
+    def __init__(self, run: RunDir, engine: HFEngine, stop: StopFlag) -> None:
+        self.run, self.engine, self.stop = run, engine, stop
+        self.waited = 0.0
+
+    def refresh(self) -> int:
+        """Load the newest published version if it is newer than the engine's."""
+        while True:
+            latest = latest_weights_version(self.run.weights)
+            if latest is None or latest <= self.engine.version:
+                return self.engine.version
+            try:
+                self.engine.load_weights(load_weights(self.run.weights, latest), latest)
+                return latest
+            except WeightsGone:
+                continue  # pruned while we read it: a newer one exists
+
+    def wait_for(self, version: int, poll: float = 0.02) -> bool:
+        """Block until the engine holds weights >= `version`; False if stopped or the
+        trainer finished without publishing it."""
+        start = time.monotonic()
+        try:
+            while self.refresh() < version:
+                if self._trainer_done() or self.stop.sleep(poll):
+                    return False
+            return True
+        finally:
+            self.waited += time.monotonic() - start
+
+    def _trainer_done(self) -> bool:
+        path = self.run.state / "trainer.json"
+        return path.exists() and read_json(path).get("status") == "done"
+
+
+def run_explorer(stage_dir: Path, index: int) -> int:
+    """Run explorer `index` of a stage until its last step; returns the next step to do."""
+    config, run = load_stage(stage_dir)
+    set_threads(config.explorer.threads)
+    stop = StopFlag()
+    role = f"explorer-{index}"
+    cfg = config.explorer
+    train, _ = build_tasks(config.tasks, config.run.seed)
+    stream = TaskStream(train, seed=config.run.seed, explorers=cfg.count,
+                        tasks_per_step=cfg.tasks_per_step)
+    writer = SegmentWriter(run.buffer, role, "rl", durable=config.buffer.fsync,
+                           steps_per_segment=config.buffer.steps_per_segment)
+    engine = HFEngine(config.model.path, dtype=config.model.dtype)
+    load_start_weights(engine, config)
+    follower = WeightFollower(run, engine, stop)
+    settings = SamplingSettings(cfg.repeat, cfg.max_new_tokens, cfg.temperature)
+    metrics = MetricsWriter(run.metrics, role)
+    total = cfg.total_steps(config.trainer)
+    step = writer.next_step
+    try:
+        while step < total and not stop:
+            if not follower.wait_for(required_version(step, config)):
+                break
+            t0 = time.monotonic()
+            tasks = stream.tasks_for(step, index)
+            first_group = (step * cfg.count + index) * cfg.tasks_per_step
+            experiences, values = explore_tasks(
+                engine, tasks, settings, first_group_id=first_group, step=step,
+                seed=step_seed(config.run.seed, step, index))
+            writer.write_step(step, experiences)
+            values.update(version=engine.version, seconds=time.monotonic() - t0,
+                          wait_seconds=follower.waited)
+            follower.waited = 0.0
+            metrics.log(step, values)
+            step += 1
+            write_heartbeat(run, role, status="running", step=step, version=engine.version)
+        writer.flush()
+        step = writer.committed_step
+    finally:
+        metrics.close()
+    status = "done" if step >= total else "stopped"
+    write_heartbeat(run, role, status=status, step=step, version=engine.version)
+    return step

@@ -1,0 +1,1 @@
+"""Metrics, heartbeats and reports of a run."""

@@ -1,0 +1,75 @@
+"""Metrics of one role: JSON lines in `metrics/<role>.jsonl` and TensorBoard events.
+
+Each line is one complete JSON object (`{"step": ..., "time": ..., "<name>": value}`),
+appended and flushed at once, so a reader tailing the file never sees half a record and a
+restarted role continues the same file.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+
+class MetricsWriter:
+    """Appends a role's metrics to `<metrics_dir>/<role>.jsonl` and to TensorBoard."""
+
+    def __init__(self, metrics_dir: Path, role: str, *, tensorboard: bool = True) -> None:
+        metrics_dir.mkdir(parents=True, exist_ok=True)
+        self.path = metrics_dir / f"{role}.jsonl"
+        self._file = self.path.open("a", encoding="utf-8")
+        self._tb = None
+        if tensorboard:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self._tb = SummaryWriter(log_dir=str(metrics_dir / "tb" / role))
+
+    def log(self, step: int, values: Mapping[str, Any]) -> None:
+        """Record `values` at `step` (non-finite floats are written as null)."""
+        row: dict[str, Any] = {"step": step, "time": time.time()}
+        for key, value in values.items():
+            finite = not isinstance(value, float) or math.isfinite(value)
+            row[key] = value if finite else None
+            if self._tb is not None and finite and isinstance(value, int | float) \
+                    and not isinstance(value, bool):
+                self._tb.add_scalar(key, value, step)
+        self._file.write(json.dumps(row) + "\n")
+        self._file.flush()
+
+    def close(self) -> None:
+        self._file.close()
+        if self._tb is not None:
+            self._tb.close()
+
+
+class MetricsTail:
+    """Follows a metrics file: each call returns the complete lines added since the last."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.offset = 0
+
+    def new_rows(self) -> list[dict[str, Any]]:
+        rows: list[dict[str, Any]] = []
+        if not self.path.exists():
+            return rows
+        with self.path.open("rb") as f:
+            f.seek(self.offset)
+            for line in f:
+                if not line.endswith(b"\n"):
+                    break  # a line still being written: read it next time
+                self.offset += len(line)
+                try:
+                    rows.append(json.loads(line))
+                except ValueError:
+                    continue
+        return rows
+
+
+def read_metrics(path: Path) -> list[dict[str, Any]]:
+    """Every complete line of a metrics file."""
+    return MetricsTail(path).new_rows()

@@ -1,0 +1,66 @@
+"""What every role needs: its frozen config, a stop flag for signals, a heartbeat file."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from rft_hpc.config import ExperimentConfig, load_config
+from rft_hpc.rundir import RunDir, atomic_write_json
+
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR2)
+
+
+def freeze_config(config: ExperimentConfig, path: Path) -> None:
+    """Write the resolved config that the roles of a stage read."""
+    from rft_hpc.rundir import atomic_write_text
+
+    data = config.model_dump(mode="json", exclude={"stages"})
+    atomic_write_text(path, yaml.safe_dump(data, sort_keys=False))
+
+
+def load_stage(stage_dir: Path) -> tuple[ExperimentConfig, RunDir]:
+    """The frozen config of a stage directory and its paths."""
+    run = RunDir(stage_dir)
+    return load_config(run.config), run
+
+
+class StopFlag:
+    """Set by SIGINT, SIGTERM or SIGUSR2 (Slurm's warning): the role stops at a safe point."""
+
+    def __init__(self) -> None:
+        self.signal: int | None = None
+        for sig in STOP_SIGNALS:
+            signal.signal(sig, self._handle)
+
+    def _handle(self, signum: int, _frame: Any) -> None:
+        self.signal = signum
+
+    def __bool__(self) -> bool:
+        return self.signal is not None
+
+    def sleep(self, seconds: float) -> bool:
+        """Sleep up to `seconds`, waking early on a stop signal; True if stopped."""
+        deadline = time.monotonic() + seconds
+        while not self and time.monotonic() < deadline:
+            time.sleep(min(0.02, max(0.0, deadline - time.monotonic())))
+        return bool(self)
+
+
+def write_heartbeat(run: RunDir, role: str, **fields: Any) -> None:
+    """Replace `state/<role>.json` with the role's current state and the time."""
+    atomic_write_json(run.state / f"{role}.json",
+                      {"role": role, "pid": os.getpid(), "time": time.time(), **fields},
+                      durable=False)
+
+
+def set_threads(threads: int) -> None:
+    """Limit torch's CPU threads (roles share a few cores in local runs)."""
+    import torch
+
+    torch.set_num_threads(threads)

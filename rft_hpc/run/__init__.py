@@ -1,0 +1,1 @@
+"""Running an experiment: stages, role processes, live display, summary and report."""

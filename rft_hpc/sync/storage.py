@@ -1,0 +1,227 @@
+"""Storage primitives shared by weight publishing and trainer checkpoints.
+
+- `save_safetensors` / `load_safetensors`: a streaming safetensors codec that computes the
+  file's CRC-32 while writing or reading it, so a checksum never costs a second pass, and that
+  never holds a second copy of the tensors: the writer streams one tensor at a time (moving it
+  off the GPU if needed), the reader reads the file once into one buffer and returns views of
+  it. The files are standard safetensors (readable by the `safetensors` library, transformers
+  and vLLM); the metadata always holds `format: pt`.
+- Versioned folders: a folder is written under a `.tmp-` name, fsynced and renamed into
+  place (`make_temp_folder`, `commit_folder`); old numbered folders are pruned by renaming
+  them to a `.tmp-` name first, so a reader sees a folder whole or not at all.
+
+Every folder these helpers manage has exactly one writer (the trainer's rank 0), which is
+what makes `remove_temporaries` safe.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import shutil
+import struct
+import tempfile
+import zlib
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from rft_hpc.rundir import TEMP_PREFIX, fsync_dir
+
+CHECKSUM_ALGORITHM = "crc32"
+"""The checksum recorded for every file: zlib's CRC-32, as 8 lower-case hex digits."""
+
+_CHUNK = 64 << 20
+_ALIGN = 8
+_CODES: dict[torch.dtype, str] = {
+    torch.float64: "F64", torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16",
+    torch.float8_e4m3fn: "F8_E4M3", torch.float8_e5m2: "F8_E5M2",
+    torch.int64: "I64", torch.int32: "I32", torch.int16: "I16", torch.int8: "I8",
+    torch.uint64: "U64", torch.uint32: "U32", torch.uint16: "U16", torch.uint8: "U8",
+    torch.bool: "BOOL",
+}
+_DTYPES = {code: dtype for dtype, code in _CODES.items()}
+
+
+@dataclass(frozen=True)
+class FileDigest:
+    """Size and CRC-32 (8 hex digits) of a file."""
+
+    bytes: int
+    checksum: str
+
+    def as_json(self) -> dict[str, int | str]:
+        return {"bytes": self.bytes, "checksum": self.checksum}
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    """The name of a torch dtype without the `torch.` prefix (`bfloat16`)."""
+    return str(dtype).removeprefix("torch.")
+
+
+def save_safetensors(path: Path, tensors: Mapping[str, torch.Tensor], *,
+                     metadata: Mapping[str, str] | None = None,
+                     durable: bool = True) -> FileDigest:
+    """Write `tensors` to `path` as a safetensors file and return its size and CRC-32.
+
+    Tensors may live on any device and need not be contiguous; dtypes and shapes are kept
+    bit for bit. Tensors that share storage (tied weights) are written once per name. Peak
+    extra memory is one tensor (its CPU copy), never the whole state dict. With `durable` the
+    file is fsynced before this returns. The caller names a temporary path and commits it.
+    """
+    names = sorted(tensors, key=lambda n: (-tensors[n].element_size(), n))  # keeps alignment
+    header: dict[str, object] = {"__metadata__": {"format": "pt", **(metadata or {})}}
+    offset = 0
+    for name in names:
+        t = tensors[name]
+        if t.dtype not in _CODES:
+            raise TypeError(f"tensor {name!r}: dtype {t.dtype} cannot be stored in safetensors")
+        size = t.numel() * t.element_size()
+        header[name] = {"dtype": _CODES[t.dtype], "shape": list(t.shape),
+                        "data_offsets": [offset, offset + size]}
+        offset += size
+    blob = json.dumps(header, separators=(",", ":")).encode("utf-8")
+    blob += b" " * (-len(blob) % _ALIGN)
+    crc = 0
+    with open(path, "wb") as f:
+        for chunk in (struct.pack("<Q", len(blob)), blob):
+            f.write(chunk)
+            crc = zlib.crc32(chunk, crc)
+        for name in names:
+            t = tensors[name].detach().to("cpu").contiguous().reshape(-1)
+            if t.numel():
+                data = memoryview(t.view(torch.uint8).numpy())
+                f.write(data)
+                crc = zlib.crc32(data, crc)
+        f.flush()
+        if durable:
+            os.fsync(f.fileno())
+    return FileDigest(8 + len(blob) + offset, f"{crc:08x}")
+
+
+def load_safetensors(path: Path) -> tuple[dict[str, torch.Tensor], FileDigest]:
+    """Read a safetensors file in one pass; return its tensors (CPU) and size and CRC-32.
+
+    The tensors are views of one buffer holding the whole file (no second copy); keeping any
+    of them keeps the buffer alive. Raises `ValueError` for a file that is not valid
+    safetensors and `OSError` when it cannot be read whole.
+    """
+    with open(path, "rb", buffering=0) as f:
+        size = os.fstat(f.fileno()).st_size
+        buf = torch.empty(size, dtype=torch.uint8)
+        view = memoryview(buf.numpy())
+        crc = pos = 0
+        while pos < size:
+            n = f.readinto(view[pos:pos + _CHUNK])
+            if not n:
+                raise OSError(f"{path}: file shrank to {pos} bytes while being read")
+            crc = zlib.crc32(view[pos:pos + n], crc)
+            pos += n
+    return _parse(buf, path), FileDigest(size, f"{crc:08x}")
+
+
+def _parse(buf: torch.Tensor, path: Path) -> dict[str, torch.Tensor]:
+    """Tensors (views of `buf`) described by the safetensors header at the start of `buf`."""
+    try:
+        (n,) = struct.unpack("<Q", bytes(buf[:8].numpy()))
+        if n > buf.numel() - 8:
+            raise ValueError(f"header of {n} bytes is longer than the file")
+        header = json.loads(bytes(buf[8:8 + n].numpy()).decode("utf-8"))
+        base, out = 8 + n, {}
+        for name, spec in header.items():
+            if name != "__metadata__":
+                out[name] = _tensor(buf, base, spec)
+    except (struct.error, ValueError, KeyError, TypeError, AttributeError) as e:
+        raise ValueError(f"{path}: not a valid safetensors file ({e!r})") from e
+    return out
+
+
+def _tensor(buf: torch.Tensor, base: int, spec: dict) -> torch.Tensor:
+    """One tensor of a safetensors header entry, a view of `buf` where alignment allows."""
+    dtype = _DTYPES[spec["dtype"]]
+    begin, end = (base + o for o in spec["data_offsets"])
+    shape = [int(d) for d in spec["shape"]]
+    itemsize = torch.empty((), dtype=dtype).element_size()
+    if end - begin != itemsize * _numel(shape) or not base <= begin <= end <= buf.numel():
+        raise ValueError(f"data_offsets {spec['data_offsets']} do not fit shape {shape}")
+    raw = buf[begin:end] if begin % itemsize == 0 else buf[begin:end].clone()
+    return raw.view(dtype).reshape(shape)
+
+
+def _numel(shape: list[int]) -> int:
+    n = 1
+    for d in shape:
+        n *= d
+    return n
+
+
+def make_temp_folder(parent: Path, name: str) -> Path:
+    """Create a fresh folder `parent/.tmp-<name>.<random>` (creating `parent` if needed)."""
+    parent.mkdir(parents=True, exist_ok=True)
+    return Path(tempfile.mkdtemp(prefix=f"{TEMP_PREFIX}{name}.", dir=parent))
+
+
+def commit_folder(tmp: Path, final: Path) -> None:
+    """Make a fully written temporary folder visible as `final`, atomically and durably.
+
+    The folder's entries are fsynced, it is renamed, and the parent is fsynced. An existing
+    `final` (a version re-published after a restart) is first renamed to a temporary name and
+    then deleted, so a reader sees the old folder, no folder, or the new one, never a mix.
+    """
+    fsync_dir(tmp)
+    if final.exists():
+        _discard(final)
+    os.rename(tmp, final)
+    fsync_dir(final.parent)
+
+
+def remove_temporaries(parent: Path) -> None:
+    """Delete the `.tmp-` leftovers of writers killed in `parent` (sole-writer folders only)."""
+    if not parent.is_dir():
+        return
+    for entry in parent.iterdir():
+        if entry.name.startswith(TEMP_PREFIX):
+            if entry.is_dir() and not entry.is_symlink():
+                shutil.rmtree(entry, ignore_errors=True)
+            else:
+                entry.unlink(missing_ok=True)
+
+
+def numbered_folders(parent: Path, pattern: re.Pattern[str]) -> dict[int, Path]:
+    """The folders of `parent` whose whole name matches `pattern` (one group: the number)."""
+    if not parent.is_dir():
+        return {}
+    found = {}
+    for entry in parent.iterdir():
+        m = pattern.fullmatch(entry.name)
+        if m:
+            found[int(m.group(1))] = entry
+    return found
+
+
+def prune_numbered(parent: Path, pattern: re.Pattern[str], keep: int, protect: int) -> list[int]:
+    """Delete all numbered folders but the `keep` highest numbers and `protect`.
+
+    Returns the numbers deleted. Each folder is renamed to a `.tmp-` name before it is
+    deleted, so a reader sees it vanish whole.
+    """
+    if keep < 1:
+        raise ValueError(f"keep must be at least 1, got {keep}")
+    folders = numbered_folders(parent, pattern)
+    doomed = [n for n in sorted(folders)[:-keep] if n != protect]
+    for n in doomed:
+        _discard(folders[n])
+    return doomed
+
+
+def _discard(folder: Path) -> None:
+    """Rename `folder` to a temporary name (atomic disappearance), then delete it."""
+    trash = Path(tempfile.mkdtemp(prefix=f"{TEMP_PREFIX}gone-{folder.name}.", dir=folder.parent))
+    with contextlib.suppress(FileNotFoundError):  # already gone
+        os.rename(folder, trash / folder.name)
+    fsync_dir(folder.parent)
+    shutil.rmtree(trash, ignore_errors=True)

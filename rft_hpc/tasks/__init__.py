@@ -1,0 +1,1 @@
+"""Tasks, task sets, the deterministic task stream, and reward functions."""

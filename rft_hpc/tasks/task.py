@@ -1,0 +1,63 @@
+"""A task (prompt, reference answer, reward function) and task files in JSONL."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from rft_hpc.errors import UserError
+
+
+@dataclass(frozen=True)
+class Task:
+    """One unit of work for an explorer: a prompt to answer, scored by `reward`."""
+
+    task_id: str
+    prompt: str
+    answer: str
+    reward: str = "exact_match"
+    """Name of a registered reward function, or `package.module:function`."""
+    taskset: str = "default"
+    info: dict[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+_REQUIRED = ("prompt", "answer")
+_ALLOWED = {"task_id", "prompt", "answer", "reward", "taskset", "info"}
+
+
+def load_task_file(path: Path, taskset: str | None = None) -> list[Task]:
+    """Tasks from a JSONL file (`prompt`, `answer`, optional `task_id`, `reward`, `taskset`,
+    `info`). Any bad line raises one `UserError` with its line number."""
+    if not path.is_file():
+        raise UserError(f"task file {path} does not exist")
+    tasks, errors = [], []
+    name = taskset or path.stem
+    for lineno, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            obj = json.loads(line)
+            if not isinstance(obj, dict):
+                raise ValueError("expected a JSON object")
+            missing = [k for k in _REQUIRED if not isinstance(obj.get(k), str)]
+            if missing:
+                raise ValueError(f"needs string field(s) {', '.join(missing)}")
+            unknown = sorted(obj.keys() - _ALLOWED)
+            if unknown:
+                raise ValueError(f"unknown field(s) {', '.join(unknown)}")
+            tasks.append(Task(task_id=str(obj.get("task_id", f"{name}-{lineno}")),
+                              prompt=obj["prompt"], answer=obj["answer"],
+                              reward=obj.get("reward", "exact_match"),
+                              taskset=obj.get("taskset", name), info=obj.get("info", {})))
+        except ValueError as exc:
+            errors.append(f"{path}, line {lineno}: {exc}")
+    if errors:
+        raise UserError("bad task file:\n" + "\n".join(errors[:10]))
+    if not tasks:
+        raise UserError(f"task file {path} holds no tasks")
+    return tasks

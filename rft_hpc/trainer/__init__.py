@@ -1,0 +1,1 @@
+"""The trainer: batches experiences, computes advantages and losses, updates the policy."""

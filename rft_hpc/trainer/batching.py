@@ -1,0 +1,82 @@
+"""Turn buffer records into padded token tensors for next-token prediction.
+
+Position `j` of every shifted tensor (`targets`, `loss_mask`, `old_logprobs`) is about the
+prediction of token `j + 1` from tokens `0..j`, which is what `logits[:, j]` scores. The first
+token of a sequence is never predicted, so its mask entry is dropped.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from rft_hpc.buffer.records import Experience, SFTSample
+
+
+@dataclass(frozen=True)
+class TokenBatch:
+    """A right-padded batch of B sequences of at most L tokens."""
+
+    input_ids: torch.Tensor  # [B, L] long, pad_id after each sequence
+    attention_mask: torch.Tensor  # [B, L] long, 1 on real tokens
+    targets: torch.Tensor  # [B, L-1] long, input_ids[:, 1:]
+    loss_mask: torch.Tensor  # [B, L-1] float32, response_mask[:, 1:], 0 on padding
+    old_logprobs: torch.Tensor  # [B, L-1] float32, rollout log-probs[:, 1:]; unknown (NaN) -> 0
+    rewards: torch.Tensor | None = None  # [B] float32, when every record is an Experience
+    group_ids: torch.Tensor | None = None  # [B] long, when every record is an Experience
+    # [B] bool, when every record is an Experience: every trained token of the record has a
+    # known rollout log-prob (False: imported data, recompute old log-probs before PPO/GRPO)
+    has_old_logprobs: torch.Tensor | None = None
+
+    @property
+    def num_tokens(self) -> torch.Tensor:
+        """Number of trained tokens (sum of `loss_mask`), a 0-dim tensor."""
+        return self.loss_mask.sum()
+
+    def to(self, device: torch.device | str, non_blocking: bool = False) -> TokenBatch:
+        """The same batch with every tensor on `device`."""
+        moved = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        return TokenBatch(**{name: None if t is None else t.to(device, non_blocking=non_blocking)
+                             for name, t in moved.items()})
+
+
+def collate(records: Sequence[Experience | SFTSample], pad_id: int = 0) -> TokenBatch:
+    """Pad `records` to the longest one and build the shifted next-token tensors.
+
+    `rewards`, `group_ids` and `has_old_logprobs` are set only when every record is an
+    `Experience`. Records without rollout log-probs (SFT samples) get `old_logprobs` 0.
+    """
+    if not records:
+        raise ValueError("cannot collate an empty list of records")
+    n_rows, width = len(records), max(len(r.tokens) for r in records)
+    ids = np.full((n_rows, width), pad_id, dtype=np.int64)
+    attention = np.zeros((n_rows, width), dtype=np.int64)
+    mask = np.zeros((n_rows, width), dtype=np.float32)
+    logprobs = np.zeros((n_rows, width), dtype=np.float32)
+    for i, record in enumerate(records):
+        n = len(record.tokens)
+        ids[i, :n] = record.tokens
+        attention[i, :n] = 1
+        mask[i, :n] = record.response_mask
+        if isinstance(record, Experience):
+            logprobs[i, :n] = record.logprobs
+    known = ~np.isnan(logprobs[:, 1:]) | (mask[:, 1:] == 0)
+    batch = TokenBatch(
+        input_ids=torch.from_numpy(ids),
+        attention_mask=torch.from_numpy(attention),
+        targets=torch.from_numpy(ids[:, 1:].copy()),
+        loss_mask=torch.from_numpy(mask[:, 1:].copy()),
+        old_logprobs=torch.from_numpy(np.where(np.isnan(logprobs[:, 1:]), 0.0, logprobs[:, 1:])
+                                      .astype(np.float32)),
+    )
+    if all(isinstance(r, Experience) for r in records):
+        batch = dataclasses.replace(
+            batch,
+            rewards=torch.tensor([r.reward for r in records], dtype=torch.float32),
+            group_ids=torch.tensor([r.group_id for r in records], dtype=torch.long),
+            has_old_logprobs=torch.from_numpy(known.all(axis=1)))
+    return batch

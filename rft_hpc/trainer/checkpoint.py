@@ -1,0 +1,182 @@
+"""Full trainer state: save it whole, load it back so training continues bit for bit.
+
+Layout (in the run directory's `ckpt/`)::
+
+    ckpt/LATEST                        "trainer/step-<NNNNNN>\\n", replaced atomically
+    ckpt/trainer/step-<NNNNNN>/
+      model.safetensors                model.state_dict()
+      optimizer.pt                     torch.save(optimizer.state_dict())
+      scheduler.pt                     torch.save(scheduler.state_dict()), with a scheduler
+      rng.json                         python, numpy, torch (and CUDA) RNG states
+      cursor.json                      the buffer reader's cursor
+      state.json                       format, step, config hash, extra, model file checksum
+
+A checkpoint folder is written under a `.tmp-` name, fsynced and renamed into place before
+`LATEST` names it; a trainer killed mid-save leaves the previous checkpoint in force. The RNG
+states are those of the saving process (rank 0).
+"""
+
+from __future__ import annotations
+
+import random
+import re
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from rft_hpc.errors import UserError
+from rft_hpc.rundir import atomic_write_json, atomic_write_text, fsync_file, read_json
+from rft_hpc.sync.storage import (
+    CHECKSUM_ALGORITHM,
+    FileDigest,
+    commit_folder,
+    load_safetensors,
+    make_temp_folder,
+    prune_numbered,
+    remove_temporaries,
+    save_safetensors,
+)
+
+STATE_FORMAT = "rft-hpc-trainer-state"
+STATE_FORMAT_VERSION = 1
+_STEP_FOLDER = re.compile(r"step-(\d{6,})")
+_POINTER = re.compile(r"trainer/step-\d{6,}")
+
+
+class CheckpointError(UserError):
+    """A trainer checkpoint cannot be used: corrupt, incomplete, or from another config."""
+
+
+@dataclass(frozen=True)
+class TrainerState:
+    """What `load_trainer_state` restored besides the objects it loaded in place."""
+
+    step: int
+    cursor: dict[str, Any]
+    extra: dict[str, Any]
+    config_hash: str
+    path: Path
+
+
+def save_trainer_state(ckpt_dir: str | Path, step: int, *, model: torch.nn.Module,
+                       optimizer: torch.optim.Optimizer, scheduler: Any = None,
+                       cursor: dict[str, Any], extra: dict[str, Any], config_hash: str,
+                       keep: int = 2) -> Path:
+    """Save the whole trainer state as `ckpt_dir/trainer/step-<NNNNNN>` and point LATEST at it.
+
+    Written into a `.tmp-` folder (every file fsynced), renamed into place (replacing an
+    earlier save of the same step), then `ckpt_dir/LATEST` is replaced atomically and all
+    checkpoints but the newest `keep` and this one are deleted. One writer per `ckpt_dir`.
+    Returns the checkpoint folder.
+    """
+    if keep < 1:
+        raise ValueError(f"keep must be at least 1, got {keep}")
+    ckpt_dir = Path(ckpt_dir)
+    parent = ckpt_dir / "trainer"
+    remove_temporaries(parent)
+    final = parent / f"step-{step:06d}"
+    tmp = make_temp_folder(parent, final.name)
+    try:
+        digest = save_safetensors(tmp / "model.safetensors", model.state_dict())
+        _torch_save(optimizer.state_dict(), tmp / "optimizer.pt")
+        if scheduler is not None:
+            _torch_save(scheduler.state_dict(), tmp / "scheduler.pt")
+        atomic_write_json(tmp / "rng.json", _rng_state())
+        atomic_write_json(tmp / "cursor.json", cursor)
+        atomic_write_json(tmp / "state.json", {
+            "format": STATE_FORMAT, "format_version": STATE_FORMAT_VERSION, "step": step,
+            "config_hash": config_hash, "extra": extra, "created": time.time(),
+            "has_scheduler": scheduler is not None, "checksum_algorithm": CHECKSUM_ALGORITHM,
+            "model": digest.as_json()})
+        commit_folder(tmp, final)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    atomic_write_text(ckpt_dir / "LATEST", f"trainer/{final.name}\n")
+    prune_numbered(parent, _STEP_FOLDER, keep, protect=step)
+    return final
+
+
+def load_trainer_state(ckpt_dir: str | Path, model: torch.nn.Module,
+                       optimizer: torch.optim.Optimizer, scheduler: Any = None,
+                       config_hash: str | None = None) -> TrainerState | None:
+    """Restore the checkpoint `ckpt_dir/LATEST` names, or return None when there is none.
+
+    Loads the model, optimizer and scheduler in place and restores the RNG states, so that
+    training continues exactly as if it had never stopped. With `config_hash`, a checkpoint
+    of another config is refused (`CheckpointError` naming both hashes) before anything is
+    touched; so is a corrupt model file, or a scheduler to restore that was never saved.
+    """
+    pointer = Path(ckpt_dir) / "LATEST"
+    try:
+        target = pointer.read_text(encoding="utf-8").strip()
+    except FileNotFoundError:
+        return None
+    if not _POINTER.fullmatch(target):
+        raise CheckpointError(f"{pointer} holds {target[:60]!r}, not trainer/step-<N>")
+    folder = Path(ckpt_dir) / target
+    try:
+        state = read_json(folder / "state.json")
+    except (OSError, ValueError) as e:
+        raise CheckpointError(f"checkpoint {folder} is missing or incomplete: {e}") from e
+    if state.get("format") != STATE_FORMAT or state.get("format_version", 0) > STATE_FORMAT_VERSION:
+        raise CheckpointError(f"{folder}: not a trainer checkpoint this rft-hpc can read")
+    if config_hash is not None and state["config_hash"] != config_hash:
+        raise CheckpointError(
+            f"checkpoint {folder} was written with config hash {state['config_hash']}, but the "
+            f"current config hashes to {config_hash}: the config changed since the run started")
+    if scheduler is not None and not state["has_scheduler"]:
+        raise CheckpointError(f"{folder} holds no scheduler state, but a scheduler was given")
+    tensors, digest = load_safetensors(folder / "model.safetensors")
+    expected = FileDigest(state["model"]["bytes"], state["model"]["checksum"])
+    if digest != expected:
+        raise CheckpointError(f"{folder}/model.safetensors is corrupt: got {digest}, "
+                              f"state.json says {expected}")
+    model.load_state_dict(tensors)
+    optimizer.load_state_dict(_torch_load(folder / "optimizer.pt"))
+    if scheduler is not None:
+        scheduler.load_state_dict(_torch_load(folder / "scheduler.pt"))
+    _set_rng_state(read_json(folder / "rng.json"))
+    return TrainerState(step=state["step"], cursor=read_json(folder / "cursor.json"),
+                        extra=state["extra"], config_hash=state["config_hash"], path=folder)
+
+
+def _torch_save(obj: Any, path: Path) -> None:
+    torch.save(obj, path)
+    fsync_file(path)
+
+
+def _torch_load(path: Path) -> Any:
+    """Load a state dict saved by `_torch_save`: tensors and plain data only, onto the CPU."""
+    return torch.load(path, map_location="cpu", weights_only=True)
+
+
+def _rng_state() -> dict[str, Any]:
+    """The RNG states of this process as JSON-ready data."""
+    version, internal, gauss = random.getstate()
+    name, keys, pos, has_gauss, cached = np.random.get_state(legacy=True)
+    state: dict[str, Any] = {
+        "python": [version, list(internal), gauss],
+        "numpy": [name, keys.tolist(), pos, has_gauss, cached],
+        "torch": torch.get_rng_state().tolist(),
+    }
+    if torch.cuda.is_available():
+        state["cuda"] = [s.tolist() for s in torch.cuda.get_rng_state_all()]
+    return state
+
+
+def _set_rng_state(state: dict[str, Any]) -> None:
+    """Restore RNG states saved by `_rng_state` (CUDA ones for the devices present)."""
+    version, internal, gauss = state["python"]
+    random.setstate((version, tuple(internal), gauss))
+    name, keys, pos, has_gauss, cached = state["numpy"]
+    np.random.set_state((name, np.array(keys, dtype=np.uint32), pos, has_gauss, cached))
+    torch.set_rng_state(torch.tensor(state["torch"], dtype=torch.uint8))
+    if "cuda" in state and torch.cuda.is_available():
+        saved = [torch.tensor(s, dtype=torch.uint8) for s in state["cuda"]]
+        torch.cuda.set_rng_state_all(saved[:torch.cuda.device_count()])

@@ -1,0 +1,44 @@
+"""Fixtures shared by the tests: buffer folders, seeded randomness, worker processes."""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import random
+from collections.abc import Iterator
+from multiprocessing.context import BaseContext
+from pathlib import Path
+
+import pytest
+
+from rft_hpc.buffer.layout import ensure_buffer_dir
+
+
+@pytest.fixture
+def buffer_dir(tmp_path: Path) -> Path:
+    """An empty buffer folder (with its FORMAT marker)."""
+    return ensure_buffer_dir(tmp_path / "buffer")
+
+
+@pytest.fixture
+def rng(request: pytest.FixtureRequest) -> random.Random:
+    """A seeded random generator; set RFT_TEST_SEED to replay a failing run.
+
+    The seed is printed (shown by pytest for a failing test).
+    """
+    seed = int(os.environ.get("RFT_TEST_SEED", random.randrange(1 << 30)))
+    print(f"{request.node.nodeid}: RFT_TEST_SEED={seed}")
+    return random.Random(seed)
+
+
+@pytest.fixture(scope="session")
+def mp() -> Iterator[BaseContext]:
+    """A multiprocessing context whose children are fresh processes, cheap to start.
+
+    The forkserver imports h5py, numpy and the buffer package once; each child is forked
+    from that clean server (never from pytest), so starting dozens of writers costs
+    milliseconds rather than an interpreter start each.
+    """
+    ctx = multiprocessing.get_context("forkserver")
+    ctx.set_forkserver_preload(["buffer_workers", "h5py", "numpy", "rft_hpc.buffer"])
+    yield ctx
