@@ -42,3 +42,11 @@ def mp() -> Iterator[BaseContext]:
     ctx = multiprocessing.get_context("forkserver")
     ctx.set_forkserver_preload(["buffer_workers", "h5py", "numpy", "rft_hpc.buffer"])
     yield ctx
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny Llama model folder with its tokenizer, built locally once per session."""
+    from rft_hpc.models.tiny import init_tiny_model
+
+    return init_tiny_model(tmp_path_factory.mktemp("tiny-model"))

@@ -1,12 +1,15 @@
 """The `rft-hpc` command as a user runs it: real subprocesses, exit codes, messages."""
 
 import json
+import random
 import subprocess
 import sys
 
 import pytest
 
 from rft_hpc import __version__
+from rft_hpc.buffer import Experience, SegmentWriter
+from rft_hpc.models.tokenizer import build_char_tokenizer
 
 
 def rft(*args, cwd=None):
@@ -24,25 +27,38 @@ def assert_user_error(result, *fragments):
 
 @pytest.fixture(scope="module")
 def demo_run(tmp_path_factory):
+    """A buffer like a run's: two explorer writers, plus SFT and DPO data imported by the CLI."""
     out = tmp_path_factory.mktemp("demo") / "run"
-    result = rft("demo", "--out", out)
-    assert result.returncode == 0, result.stderr
-    return out, result
+    tokenizer = build_char_tokenizer(out / "tokenizer")
+    rng = random.Random(0)
+    for e in range(2):
+        writer = SegmentWriter(out / "buffer", f"explorer-{e}", "rl")
+        for step in range(5):
+            writer.write_step(step, [
+                Experience(tokens=[rng.randrange(4, 100) for _ in range(12)], prompt_length=6,
+                           reward=float(rng.random() < 0.5), group_id=step, policy_version=step,
+                           step=step) for _ in range(8)])
+    sums = [(rng.randrange(10, 100), rng.randrange(10, 100)) for _ in range(256)]
+    sft = out / "sft.jsonl"
+    sft.write_text("".join(json.dumps({"prompt": f"{a}+{b}=", "response": str(a + b)}) + "\n"
+                           for a, b in sums))
+    dpo = out / "dpo.jsonl"
+    dpo.write_text("".join(json.dumps({"prompt": f"{a}+{b}=", "chosen": str(a + b),
+                                       "rejected": str(a + b + 1)}) + "\n"
+                           for a, b in sums[:64]))
+    for src, kind in ((sft, "sft"), (dpo, "dpo")):
+        result = rft("buffer", "import", src, "--kind", kind, "--out", out / "buffer",
+                     "--tokenizer", tokenizer)
+        assert result.returncode == 0, result.stderr
+    return out, tokenizer
 
 
 def test_version_and_help():
     assert rft("--version").stdout.strip() == f"rft-hpc {__version__}"
     result = rft("--help")
     assert result.returncode == 0
-    for command in ("buffer", "validate", "demo"):
+    for command in ("run", "buffer", "validate", "model"):
         assert command in result.stdout
-
-
-def test_demo_round_trips_the_buffer(demo_run):
-    out, result = demo_run
-    assert "demo OK" in result.stdout
-    assert "identical: True" in result.stdout
-    assert (out / "buffer" / "explorer-0" / "00000000.h5").exists()
 
 
 def test_inspect_json_reports_every_writer(demo_run):

@@ -160,9 +160,9 @@ def _scalar_columns(schema: KindSchema, records: Sequence[Record]) -> dict[str, 
     if not records:
         return {name: np.zeros(0, dtype=dtype) for name, dtype in schema.scalars}
     get = attrgetter(*names)
+    rows = [get(r) for r in records] if len(names) > 1 else [(get(r),) for r in records]
     # One structured array from the rows (one conversion per value), then one column each.
-    table = np.array([get(r) for r in records],
-                     dtype=[(name, dtype) for name, dtype in schema.scalars])
+    table = np.array(rows, dtype=[(name, dtype) for name, dtype in schema.scalars])
     return {name: np.ascontiguousarray(table[name]) for name in names}
 
 
@@ -301,11 +301,8 @@ class Segment:
         return [self.record(i) for i in range(self.num_records)]
 
 
-def _open(path: Path) -> h5py.File:
-    return h5py.File(path, "r")
-
-
 def _read_attrs(f: h5py.File) -> dict[str, Any]:
+    """Every attribute of the file's root group, as Python values."""
     root = f["/"].id
     attrs = {}
     for i in range(h5a.get_num_attrs(root)):
@@ -320,7 +317,7 @@ def _read_attrs(f: h5py.File) -> dict[str, Any]:
 def read_segment_attrs(path: Path) -> dict[str, Any]:
     """The file attributes of a segment, without reading or checking its data."""
     try:
-        with _open(path) as f:
+        with h5py.File(path, "r") as f:
             return _read_attrs(f)
     except Exception as exc:
         raise CorruptSegment(path, f"cannot open: {exc}") from exc
@@ -340,7 +337,7 @@ def read_segment(path: Path, *, fields: Sequence[str] | None = None) -> Segment:
     for a file from a newer schema.
     """
     try:
-        with _open(path) as f:
+        with h5py.File(path, "r") as f:
             attrs = _read_attrs(f)
             version = int(attrs["schema_version"])
             if version > SCHEMA_VERSION:

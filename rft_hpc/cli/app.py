@@ -43,14 +43,13 @@ def _root(
 
 def _register_commands() -> None:
     # Imported here so that each command module can import `app` helpers without cycles.
-    from rft_hpc.cli import buffer_cmd, demo_cmd, run_cmd, validate_cmd
+    from rft_hpc.cli import buffer_cmd, run_cmd, validate_cmd
 
     app.command("run")(run_cmd.run)
     app.command("validate")(validate_cmd.validate)
     app.add_typer(buffer_cmd.app, name="buffer")
     app.add_typer(run_cmd.model_app, name="model")
     app.add_typer(run_cmd.role_app, name="role", hidden=True)
-    app.command("demo")(demo_cmd.demo)
 
 
 def report_user_error(exc: BaseException) -> None:

@@ -8,6 +8,7 @@ from).
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -92,6 +93,7 @@ class _Source:
         """Apply each override to `data`; yields (override, problem) for those that cannot be."""
         for text in overrides:
             key, sep, raw = text.partition("=")
+            key = re.sub(r"\[(\d+)\]", r".\1", key)  # stages[0].x is stages.0.x
             keys = tuple(part.strip() for part in key.split("."))
             if not sep or not all(keys):
                 yield text, f"expected KEY=VALUE with a dotted key, e.g. {OVERRIDE_EXAMPLE}"

@@ -58,10 +58,11 @@ class WeightFollower:
         self.waited = 0.0
 
     def refresh(self) -> int:
-        """Load the newest published version if it is newer than the engine's."""
+        """Load the published version if it differs from the engine's (it is older only
+        after the trainer resumed from an earlier checkpoint: its weights are the truth)."""
         while True:
             latest = latest_weights_version(self.run.weights)
-            if latest is None or latest <= self.engine.version:
+            if latest is None or latest == self.engine.version:
                 return self.engine.version
             try:
                 self.engine.load_weights(load_weights(self.run.weights, latest), latest)

@@ -22,6 +22,7 @@ from rft_hpc.errors import UserError
 from rft_hpc.monitor.metrics import read_metrics
 from rft_hpc.run.display import Display
 from rft_hpc.run.stages import (
+    check_runnable,
     freeze_run_config,
     prepare_model,
     prepare_stage,
@@ -135,10 +136,22 @@ def _finish_stage(config: ExperimentConfig, run: RunDir, name: str, seconds: flo
     return result
 
 
+def _interrupt(signum: int, _frame: object) -> None:
+    raise KeyboardInterrupt
+
+
 def run_local(config_path: Path, overrides: list[str] | None = None, *,
               live: bool | None = None) -> RunResult:
-    """Run (or resume) the experiment of a config file on this machine."""
-    config = prepare_model(load_config(config_path, overrides or []))
+    """Run (or resume) the experiment of a config file on this machine.
+
+    SIGINT (Ctrl-C) and SIGTERM stop every role at its next safe point and raise
+    `Interrupted`; calling again with the same config resumes the run.
+    """
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, _interrupt)
+    config = load_config(config_path, overrides or [])
+    check_runnable(config)
+    config = prepare_model(config)
     run = RunDir(config.run.root.resolve() / config.run.name)
     freeze_run_config(config, run)
     start_weights: Path | None = None

@@ -34,6 +34,25 @@ def prepare_model(config: ExperimentConfig) -> ExperimentConfig:
     return config.model_copy(update={"model": config.model.model_copy(update={"path": path})})
 
 
+_NOT_YET = (
+    ("sync", "method", ("nccl", "mpi")),
+    ("explorer", "engine", ("vllm",)),
+    ("trainer", "algorithm", ("ppo", "dpo")),
+)
+
+
+def check_runnable(config: ExperimentConfig) -> None:
+    """Refuse, before anything starts, settings this version validates but cannot run yet."""
+    for name, stage in config.stage_configs():
+        if stage.mode == "bench":
+            raise UserError(f"stage {name}: mode bench is not available yet")
+        for section, key, values in _NOT_YET:
+            value = getattr(getattr(stage, section), key)
+            if value in values:
+                raise UserError(f"stage {name}: {section}.{key}: {value} is not available yet "
+                                f"in this version of rft-hpc")
+
+
 def freeze_run_config(config: ExperimentConfig, run: RunDir) -> None:
     """Write the run's config.yaml, or check that a resumed run still has the same one."""
     text = yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False)

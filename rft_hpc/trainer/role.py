@@ -75,11 +75,17 @@ class Trainer:
         else:
             temperature = self.config.explorer.temperature or 1.0
             new = token_logprobs(self.model, tb, temperature)
+            old = tb.old_logprobs
+            if tb.has_old_logprobs is not None and not bool(tb.has_old_logprobs.all()):
+                # Imported records carry no rollout log-probs: treat them as on-policy.
+                known = tb.has_old_logprobs.unsqueeze(1)
+                old = torch.where(known, old, new.detach())
+                values["unknown_logprob_records"] = float((~tb.has_old_logprobs).sum())
             adv = grpo_advantages(tb.rewards, tb.group_ids)
             adv = adv * torch.tensor(batch.weights, dtype=adv.dtype)
-            loss, values = policy_loss(new, tb.old_logprobs, adv, tb.loss_mask,
-                                       clip_low=cfg.clip_ratio, clip_high=cfg.clip_ratio)
-            values = {k: float(v) for k, v in values.items()}
+            loss, parts = policy_loss(new, old, adv, tb.loss_mask,
+                                      clip_low=cfg.clip_ratio, clip_high=cfg.clip_ratio)
+            values.update({k: float(v) for k, v in parts.items()})
             if self.reference is not None:
                 with torch.no_grad():
                     ref = token_logprobs(self.reference, tb, temperature)

@@ -1,0 +1,155 @@
+"""`rft-hpc run` end to end: real role processes, real buffer, real training."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from rft_hpc.buffer.jsonl import iter_segments
+from rft_hpc.buffer.segment import read_segment
+from rft_hpc.monitor.metrics import read_metrics
+
+ROOT = Path(__file__).resolve().parents[1]
+DEMO = ROOT / "configs" / "demo.yaml"
+
+
+def short(tmp_path, model, *extra):
+    """Overrides that shrink the demo to a few seconds of work in `tmp_path`."""
+    return ["--set", f"run.root={tmp_path}", "--set", f"model.path={model}",
+            "--set", "tasks.eval_size=64", "--set", "stages.0.trainer.steps=8",
+            "--set", "stages.0.eval.interval=4", "--set", "trainer.steps=6",
+            "--set", "eval.interval=3", "--set", "explorer.tasks_per_step=2",
+            "--set", "trainer.batch_size=32", *extra]
+
+
+def rft(*args, **kwargs):
+    return subprocess.run([sys.executable, "-m", "rft_hpc.cli", *map(str, args)],
+                          capture_output=True, text=True, cwd=ROOT, **kwargs)
+
+
+def rollouts(stage):
+    return [r for _, p in iter_segments(stage / "buffer") for r in read_segment(p).records()]
+
+
+def test_a_short_on_policy_run_writes_summary_metrics_and_report(tmp_path, tiny_model):
+    result = rft("run", DEMO, *short(tmp_path, tiny_model, "--set", "sync.offset=0"),
+                 timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    run = tmp_path / "demo"
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["trainer"]["steps"] == 8 + 6
+    assert summary["explorer"]["steps"] == 2 * 6
+    for key in ("initial_accuracy", "final_accuracy", "base_accuracy"):
+        assert 0.0 <= summary["eval"][key] <= 1.0
+    assert set(summary["seconds"]) >= {"sft", "grpo"}
+    assert (run / "report.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+    grpo = run / "stages" / "1-grpo"
+    records = rollouts(grpo)
+    assert len(records) == 2 * 6 * 2 * 8
+    # sync.offset 0: explorer step s samples with exactly the weights of trainer step s
+    assert all(r.policy_version == r.step for r in records)
+    trained = [r for r in read_metrics(grpo / "metrics" / "trainer.jsonl") if "loss" in r]
+    assert [r["step"] for r in trained] == list(range(1, 7))
+    evals = [r["step"] for r in read_metrics(grpo / "metrics" / "trainer.jsonl")
+             if r.get("eval_accuracy") is not None]
+    assert evals == [0, 3, 6]
+    assert list((grpo / "metrics" / "tb" / "trainer").glob("events.out.tfevents.*"))
+    assert sorted(p.name for p in (grpo / "weights").iterdir())[-1] == "v000006"
+
+    again = rft("run", DEMO, *short(tmp_path, tiny_model, "--set", "sync.offset=0"),
+                timeout=120)
+    assert again.returncode == 0 and "held-out accuracy" in again.stdout  # finished: no-op
+    other = rft("run", DEMO, *short(tmp_path, tiny_model, "--set", "sync.offset=1"))
+    assert other.returncode != 0 and "different config" in other.stderr
+
+
+def test_async_offset_bounds_the_policy_lag(tmp_path, tiny_model):
+    result = rft("run", DEMO, *short(tmp_path, tiny_model, "--set", "sync.offset=2",
+                                     "--set", "stages=[]"), timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    records = rollouts(tmp_path / "demo" / "stages" / "0-main")
+    lags = {r.step - r.policy_version for r in records}
+    assert lags and max(lags) <= 2 and min(lags) >= 0
+
+
+def test_explore_mode_runs_explorers_only(tmp_path, tiny_model):
+    result = rft("run", DEMO, *short(tmp_path, tiny_model, "--set", "stages=[]",
+                                     "--set", "mode=explore", "--set", "explorer.steps=3"),
+                 timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    stage = tmp_path / "demo" / "stages" / "0-main"
+    records = rollouts(stage)
+    assert len(records) == 2 * 3 * 2 * 8 and {r.policy_version for r in records} == {0}
+    assert not (stage / "metrics" / "trainer.jsonl").exists()
+
+
+def _wait_for(predicate, timeout):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.2)
+    return False
+
+
+def test_interrupt_stops_every_role_and_the_same_command_resumes(tmp_path, tiny_model):
+    args = ["run", DEMO, *short(tmp_path, tiny_model, "--set", "trainer.steps=40",
+                                "--set", "trainer.save_interval=100")]
+    proc = subprocess.Popen([sys.executable, "-m", "rft_hpc.cli", *map(str, args)], cwd=ROOT,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    grpo = tmp_path / "demo" / "stages" / "1-grpo"
+    heartbeat = grpo / "state" / "trainer.json"
+
+    def trained_some():
+        try:
+            return json.loads(heartbeat.read_text())["step"] >= 5
+        except (OSError, ValueError, KeyError):
+            return False
+
+    assert _wait_for(trained_some, 300), "the GRPO trainer never reached step 5"
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode != 0 and "run the same command again to resume" in err
+    assert "Traceback" not in err
+    stopped = json.loads(heartbeat.read_text())
+    assert stopped["status"] == "stopped" and 5 <= stopped["step"] < 40
+    for state in (grpo / "state").glob("*.json"):
+        pid = json.loads(state.read_text()).get("pid")
+        if pid:
+            assert not Path(f"/proc/{pid}").exists() or _zombie(pid), f"{state.name} still runs"
+
+    resumed = rft(*args, timeout=600)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    trained = [r["step"] for r in read_metrics(grpo / "metrics" / "trainer.jsonl") if "loss" in r]
+    assert trained == list(range(1, 41)), "a trainer step was lost or done twice"
+    for i in range(2):
+        steps = [r["step"] for r in read_metrics(grpo / "metrics" / f"explorer-{i}.jsonl")]
+        assert sorted(set(steps)) == list(range(40))
+    summary = json.loads((tmp_path / "demo" / "summary.json").read_text())
+    assert summary["trainer"]["steps"] == 8 + 40
+
+
+def _zombie(pid):
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] == "Z"
+    except OSError:
+        return True
+
+
+@pytest.mark.slow
+def test_the_demo_raises_held_out_accuracy_by_25_points(tmp_path):
+    """The README's demo as it is, run in a temporary folder: GRPO must really learn."""
+    env = dict(os.environ)
+    result = rft("run", DEMO, "--set", f"run.root={tmp_path}",
+                 "--set", f"model.path={tmp_path}/models/tiny", timeout=900, env=env)
+    assert result.returncode == 0, result.stderr[-3000:]
+    summary = json.loads((tmp_path / "demo" / "summary.json").read_text())
+    ev = summary["eval"]
+    print(json.dumps(summary["eval"]), json.dumps(summary["seconds"]))
+    assert ev["final_accuracy"] - ev["initial_accuracy"] >= 0.25, ev
