@@ -153,3 +153,20 @@ def test_the_demo_raises_held_out_accuracy_by_25_points(tmp_path):
     ev = summary["eval"]
     print(json.dumps(summary["eval"]), json.dumps(summary["seconds"]))
     assert ev["final_accuracy"] - ev["initial_accuracy"] >= 0.25, ev
+
+
+def test_offline_sft_from_a_jsonl_file(tmp_path, tiny_model):
+    data = tmp_path / "sft.jsonl"
+    data.write_text("".join(json.dumps({"prompt": f"{a}+{a}=", "response": str(2 * a)}) + "\n"
+                            for a in range(10, 60)))
+    result = rft("run", DEMO, *short(tmp_path, tiny_model, "--set", "stages=[]",
+                                     "--set", "mode=train", "--set", "trainer.algorithm=sft",
+                                     "--set", f"data={{source: jsonl, path: {data}, kind: sft}}",
+                                     "--set", "trainer.batch_size=16", "--set", "trainer.lr=1e-3",
+                                     "--set", "buffer.max_uses=3"), timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    stage = tmp_path / "demo" / "stages" / "0-main"
+    losses = [r["loss"] for r in read_metrics(stage / "metrics" / "trainer.jsonl") if "loss" in r]
+    assert len(losses) == 6 and losses[-1] < losses[0]
+    assert (stage / "buffer" / "import-data" / "00000000.h5").exists()
+    assert not (stage / "metrics" / "explorer-0.jsonl").exists()

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import typer
+from rich.table import Table
 
 from rft_hpc.cli.output import console
 from rft_hpc.errors import UserError
@@ -19,12 +19,24 @@ def run(
     from rft_hpc.run.local import run_local
 
     result = run_local(config, set_)
+    console.print(stage_table(result.summary))
     ev = result.summary["eval"]
-    console.print(json.dumps(result.summary["seconds"]))
     console.print(f"held-out accuracy: start of RL {_pct(ev['initial_accuracy'])} -> end "
                   f"{_pct(ev['final_accuracy'])} (base model {_pct(ev['base_accuracy'])})")
     console.print(f"summary: {result.root / 'summary.json'}   report: "
                   f"{result.root / 'report.png'}")
+
+
+def stage_table(summary: dict) -> Table:
+    """One row per stage: mode, steps, seconds, held-out accuracy before and after."""
+    table = Table(title=f"run {summary['run']}")
+    for col in ("stage", "mode", "trainer steps", "explorer steps", "seconds", "eval start",
+                "eval end"):
+        table.add_column(col, justify="left" if col in ("stage", "mode") else "right")
+    for s in summary["stages"]:
+        table.add_row(s["name"], s["mode"], str(s["trainer_steps"]), str(s["explorer_steps"]),
+                      f"{s['seconds']:.1f}", _pct(s["eval_initial"]), _pct(s["eval_final"]))
+    return table
 
 
 def _pct(x: float | None) -> str:
