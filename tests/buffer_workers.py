@@ -32,6 +32,11 @@ from rft_hpc.buffer import BufferConfig, BufferReader, Experience, SegmentWriter
 
 _ID = re.compile(r"^(?P<writer>[^;]+)-s(?P<step>\d+)-r(?P<index>\d+)(?P<opts>(;[a-z]+=[^;]*)*)$")
 DEFAULT_TOKENS = 16
+READER_MAX_PENDING = 24
+"""Small on purpose in the cursor tests: polls and takes interleave over many segments."""
+MARK_BEGIN = "/rft-hpc-marker-begin"
+MARK_END = "/rft-hpc-marker-end"
+"""Paths stat-ed around the measured polls, to find them in an strace log."""
 
 
 # -- records that carry their own expected content ---------------------------------------
@@ -216,19 +221,13 @@ def resume_drain_main(buffer: str, config: dict[str, Any], state_file: str, out_
         json.dump(out, f)
 
 
-READER_MAX_PENDING = 24
-"""Small on purpose in the cursor tests: polls and takes interleave over many segments."""
-
-MARK_BEGIN = "/rft-hpc-marker-begin"
-MARK_END = "/rft-hpc-marker-end"
-
-
 def tiny_writer_main(buffer: str, writer: str, n_segments: int) -> None:
     """Write `n_segments` one-step segments of one 1-token record each, quickly."""
     write_steps(Path(buffer), range(n_segments), 1, writer=writer, sizes=[1])
 
 
 def _stat_quietly(path: str) -> None:
+    """stat(2) a path that need not exist (a marker in strace's log)."""
     with contextlib.suppress(FileNotFoundError):
         os.stat(path)
 

@@ -40,14 +40,17 @@ class Case:
 
 
 def _priority(step: int, i: int) -> dict[str, Any]:
+    """Priorities spread over PRIORITIES, mixed within each step."""
     return {"pr": PRIORITIES[(step * 7 + i * 3) % len(PRIORITIES)]}
 
 
 def _taskset(step: int, i: int) -> dict[str, Any]:
+    """Half the records of each step are math, half code."""
     return {"ts": "math" if i % 2 == 0 else "code"}
 
 
 def _version(step: int, i: int) -> dict[str, Any]:
+    """Policy versions that lag the batch number by various amounts."""
     return {"pv": step // 2 + i % 3}
 
 
@@ -64,11 +67,13 @@ CASES = {
 
 
 def fill(buffer_dir: Path, opts_of: Callable[[int, int], dict[str, Any]] | None) -> None:
+    """STEPS segments of PER_STEP records from each of WRITERS."""
     for w in WRITERS:
         write_steps(buffer_dir, range(STEPS), PER_STEP, writer=w, opts_of=opts_of)
 
 
 def flat(batches: list[dict[str, Any]], key: str) -> list[Any]:
+    """One field of every record handed out, in order."""
     return [x for b in batches for x in b[key]]
 
 
@@ -80,6 +85,7 @@ def test_cursor_continues_in_a_new_process(name: str, buffer_dir: Path, tmp_path
     fill(buffer_dir, case.opts_of)
 
     def reader(**kw: Any) -> BufferReader:
+        """A reader with the case's config and the tests' small max_pending."""
         return BufferReader(buffer_dir, config, max_pending=READER_MAX_PENDING, **kw)
 
     full = drain(reader(), BATCH, versioned=case.versioned)
@@ -101,11 +107,13 @@ def test_cursor_continues_in_a_new_process(name: str, buffer_dir: Path, tmp_path
 
 
 def check_exactly_once(batches: list[dict[str, Any]]) -> None:
+    """Every record written was handed out exactly once."""
     refs = flat(batches, "refs")
     assert len(refs) == len(set(refs)) == len(WRITERS) * STEPS * PER_STEP
 
 
 def check_priority(batches: list[dict[str, Any]]) -> None:
+    """max_uses=2: each record twice, never twice in a batch, by decayed priority."""
     refs = flat(batches, "refs")
     uses = flat(batches, "uses")
     assert Counter(refs) == dict.fromkeys(set(refs), 2)  # max_uses=2: each exactly twice
@@ -124,6 +132,7 @@ def check_priority(batches: list[dict[str, Any]]) -> None:
 
 
 def check_mixture(batches: list[dict[str, Any]]) -> None:
+    """Task sets handed out 3:1 while both have records."""
     check_exactly_once(batches)
     sets = [parse_id(i)["ts"] for i in flat(batches, "ids")]
     # While both task sets have records at hand (the first four batches here: supply is
@@ -133,6 +142,7 @@ def check_mixture(batches: list[dict[str, Any]]) -> None:
 
 
 def check_stale_drop(batches: list[dict[str, Any]]) -> None:
+    """Nothing handed out lags more than max_staleness; the rest was dropped."""
     handed = flat(batches, "refs")
     assert len(handed) == len(set(handed))
     dropped = sum(b["dropped"] for b in batches)
@@ -145,6 +155,7 @@ def check_stale_drop(batches: list[dict[str, Any]]) -> None:
 
 
 def check_stale_downweight(batches: list[dict[str, Any]]) -> None:
+    """Every record handed out once, weighted 0.5 per version past the bound."""
     check_exactly_once(batches)
     assert sum(b["dropped"] for b in batches) == 0
     weights = []
@@ -166,6 +177,7 @@ CHECKS: dict[str, Callable[[list[dict[str, Any]]], None]] = {
 
 def ids_of(reader: BufferReader, n: int, policy_version: int | None = None
            ) -> tuple[list[str], Any]:
+    """Take up to `n` records (content checked): short ids "<writer><step>.<index>", batch."""
     batch = reader.take(n, policy_version)
     for r in batch.records:
         check_record(r)

@@ -38,6 +38,7 @@ def consume_all(buffer: Path, reader: BufferReader | None = None) -> BufferReade
 
 
 def save_cursor(reader: BufferReader, path: Path) -> Path:
+    """Write the reader's cursor as JSON to `path`; the path."""
     path.write_text(json.dumps(reader.state_dict()))
     return path
 

@@ -30,11 +30,9 @@ from rft_hpc.errors import UserError
 SCHEMA_VERSION = 1
 LIBVER = ("v110", "v110")  # readable by any HDF5 >= 1.10; metadata carries checksums
 _NAME = re.compile(r"^(\d+)\.h5$")
-_STR = h5py.string_dtype("utf-8")
 # The writer and reader use h5py's low-level API (one HDF5 call per dataset and attribute,
 # without the high-level layer's per-call overhead); the files are the same as those made by
 # `h5py.File.create_dataset(name, data=...)` and `attrs[...] = ...`.
-_T_STR = h5t.py_create(_STR, logical=True)
 _T_CRC = h5t.py_create(np.dtype("<u4"))
 _JSON = json.JSONEncoder(separators=(",", ":"), sort_keys=True, ensure_ascii=True)
 
@@ -145,9 +143,18 @@ def _crc_array(a: np.ndarray) -> int:
     return zlib.crc32(memoryview(np.ascontiguousarray(a)).cast("B"))
 
 
-def _crc_strings(values: Sequence[str]) -> int:
-    """CRC-32 of the values' UTF-8 bytes, each followed by a NUL byte (0 for no values)."""
-    return zlib.crc32(("\0".join(values) + "\0").encode("utf-8")) if values else 0
+def _pack_strings(name: str, values: Sequence[str]) -> np.ndarray:
+    """Strings as one uint8 array: each value's UTF-8 bytes followed by a NUL byte.
+
+    Flat bytes rather than HDF5 variable-length strings: those live in HDF5's global heap,
+    which has no checksum, and a damaged heap can make HDF5 loop forever while reading.
+    """
+    if not values:
+        return np.zeros(0, dtype=np.uint8)
+    joined = "\0".join(values) + "\0"
+    if joined.count("\0") != len(values):
+        raise ValueError(f"a {name} value contains a NUL character")
+    return np.frombuffer(joined.encode("utf-8"), dtype=np.uint8)
 
 
 def _info_json(info: dict[str, Any]) -> str:
@@ -213,9 +220,14 @@ def _write_attr(obj: Any, name: str, value: np.ndarray, tid: h5t.TypeID) -> None
 
 
 def _attr_value(v: Any) -> tuple[np.ndarray, h5t.TypeID]:
-    """A file attribute as `attrs[name] = v` stores it (int64, float64 or UTF-8 string)."""
-    arr = np.array(v, dtype=_STR) if isinstance(v, str) else np.array(v)
-    return arr, h5t.py_create(arr.dtype, logical=True)
+    """A file attribute: int64, float64, or a string as fixed-length UTF-8 bytes (stored in
+    the checksummed object header, never in HDF5's unchecked global heap)."""
+    if isinstance(v, str):
+        raw = v.encode("utf-8")
+        arr = np.array(raw, dtype=f"S{max(1, len(raw))}")
+    else:
+        arr = np.array(v)
+    return arr, h5t.py_create(arr.dtype)
 
 
 def write_segment_file(path: Path, kind: str, records: Sequence[Record], *, writer: str,
@@ -242,13 +254,10 @@ def write_segment_file(path: Path, kind: str, records: Sequence[Record], *, writ
             _write_attr(root, name, *_attr_value(value))
         for name, values in cols.items():
             if isinstance(values, list):
-                _write_dataset(f.id, name, np.array(values, dtype=_STR), _T_STR, dcpl,
-                               _crc_strings(values))
-                nbytes += sum(map(len, values))
-            else:
-                _write_dataset(f.id, name, values, h5t.py_create(values.dtype), dcpl,
-                               _crc_array(values))
-                nbytes += values.nbytes
+                values = _pack_strings(name, values)
+            _write_dataset(f.id, name, values, h5t.py_create(values.dtype), dcpl,
+                           _crc_array(values))
+            nbytes += values.nbytes
     return nbytes
 
 
@@ -387,10 +396,13 @@ def _stored_crc(ds: h5d.DatasetID) -> int:
     return int(value)
 
 
-def _read_numeric(f: h5py.File, name: str, dtype: str, length: int) -> np.ndarray:
+def _read_numeric(f: h5py.File, name: str, dtype: str, length: int | None) -> np.ndarray:
+    """A 1-D dataset of `dtype` (and `length`, unless None), its checksum verified."""
     ds = h5d.open(f.id, name.encode())
-    if ds.shape != (length,) or ds.dtype != np.dtype(dtype):
+    if len(ds.shape) != 1 or ds.dtype != np.dtype(dtype) or \
+            (length is not None and ds.shape[0] != length):
         raise ValueError(f"{name} is {ds.dtype}{ds.shape}, expected {dtype}({length},)")
+    length = ds.shape[0]
     arr = np.empty(length, dtype=dtype)
     if length:
         ds.read(h5s.ALL, h5s.ALL, arr)
@@ -401,21 +413,12 @@ def _read_numeric(f: h5py.File, name: str, dtype: str, length: int) -> np.ndarra
 
 
 def _read_strings(f: h5py.File, name: str, n: int) -> list[str]:
-    ds = h5d.open(f.id, name.encode())
-    info = h5t.check_string_dtype(ds.dtype)
-    if ds.shape != (n,) or info is None or info.length is not None:
-        raise ValueError(f"{name} is {ds.dtype}{ds.shape}, expected strings ({n},)")
-    raw = np.empty(n, dtype=_STR)
-    if n:
-        ds.read(h5s.ALL, h5s.ALL, raw)
-    # UTF-8 bytes, NUL-separated: the checksum and the decoding each take one call.
-    joined = b"\0".join(raw.tolist()) + b"\0" if n else b""
-    if zlib.crc32(joined) != _stored_crc(ds):
-        raise ValueError(f"checksum mismatch in {name}")
-    ds.close()
-    values = joined[:-1].decode("utf-8").split("\0") if n else []
+    packed = _read_numeric(f, name, "|u1", None)
+    if n and (not packed.size or packed[-1] != 0):
+        raise ValueError(f"{name} does not end with a NUL byte")
+    values = packed[:-1].tobytes().decode("utf-8").split("\0") if n else []
     if len(values) != n:
-        raise ValueError(f"{name} holds a NUL character")
+        raise ValueError(f"{name} holds {len(values)} strings, expected {n}")
     return values
 
 
