@@ -233,3 +233,16 @@ def test_summary_counts_records_rewards_versions_and_tokens(tmp_path):
     assert row.reward_mean == pytest.approx(rewards.mean())
     assert row.reward_std == pytest.approx(rewards.std())
     assert row.tasksets == {"math": 12}
+
+
+def test_background_commit_makes_segments_visible_in_order(tmp_path):
+    w = SegmentWriter(tmp_path, "explorer-0", "rl", background_commit=True)
+    paths = [w.write_step(s, _experiences(s, n=2)) for s in range(5)]
+    assert w.next_step == 5
+    w.close()
+    assert w.committed_step == 5 and all(p.exists() for p in paths)
+    reader = BufferReader(tmp_path)
+    reader.poll()
+    assert [r.step for r in reader.take(100).records] == [s for s in range(5) for _ in range(2)]
+    assert not [p for p in w.dir.iterdir() if p.name.startswith(".tmp-")]
+    assert SegmentWriter(tmp_path, "explorer-0", "rl").next_step == 5

@@ -12,6 +12,7 @@ import logging
 import os
 import shutil
 from collections.abc import Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 from rft_hpc.buffer.layout import ensure_buffer_dir, quarantine_segment
@@ -32,12 +33,19 @@ class SegmentWriter:
     """Appends steps of records to `<buffer>/<writer>/` as committed segment files.
 
     `write_step(step, records)` must be called with consecutive steps starting at
-    `next_step`; every `steps_per_segment` steps one segment is committed. `flush()` commits
-    a partial segment (e.g. before a planned stop).
+    `next_step`; every `steps_per_segment` steps one segment is written and committed.
+    `flush()` commits a partial segment (e.g. before a planned stop).
+
+    With `background_commit`, the fsync and rename of a segment run on a helper thread
+    while the caller goes on (an explorer generates its next step meanwhile); segments are
+    still committed one at a time and in order, and `close()` waits for the last one. A
+    failed background commit is raised by the next `flush`, `wait` or `close`; the writer is
+    then unusable, and a new one recovers from what is on disk.
     """
 
     def __init__(self, buffer_dir: str | os.PathLike[str], writer: str, kind: str, *,
-                 steps_per_segment: int = 1, durable: bool = True) -> None:
+                 steps_per_segment: int = 1, durable: bool = True,
+                 background_commit: bool = False) -> None:
         if not writer or "/" in writer or writer.startswith(".") or writer == "quarantine":
             raise ValueError(f"invalid writer name {writer!r}")
         self.buffer_dir = ensure_buffer_dir(Path(buffer_dir))
@@ -49,20 +57,25 @@ class SegmentWriter:
         self.dir.mkdir(exist_ok=True)
         self.removed_temporaries = self._remove_temporaries()
         self.committed_step = self._recover()
-        """Every step below this one is committed."""
+        """Every step below this one is committed (visible to readers)."""
+        self._written_step = self.committed_step  # handed to a commit, maybe not finished
         self._pending: list[Record] = []
         self._pending_steps = 0
         self.bytes_written = 0
+        self._committer = ThreadPoolExecutor(1, f"commit-{writer}") if background_commit \
+            else None
+        self._inflight: Future[None] | None = None
 
     @property
     def next_step(self) -> int:
         """The step `write_step` expects next."""
-        return self.committed_step + self._pending_steps
+        return self._written_step + self._pending_steps
 
     def write_step(self, step: int, records: Sequence[Record]) -> Path | None:
-        """Add one step's records; commit a segment when enough steps are gathered.
+        """Add one step's records; write a segment when enough steps are gathered.
 
-        Returns the committed segment's path, or None while the segment is still filling.
+        Returns the segment's path (committed, or being committed in the background), or
+        None while the segment is still filling.
         """
         if step != self.next_step:
             raise ValueError(f"writer {self.writer}: got step {step}, expected {self.next_step}")
@@ -73,24 +86,49 @@ class SegmentWriter:
         return None
 
     def flush(self) -> Path | None:
-        """Commit the gathered steps as one segment now (nothing to do if none are pending)."""
+        """Write the gathered steps as one segment now (nothing to do if none are pending)."""
         if not self._pending_steps:
             return None
-        start, end = self.committed_step, self.next_step
+        start, end = self._written_step, self.next_step
         final = self.dir / segment_name(start)
         tmp = self.dir / f"{TEMP_PREFIX}{final.name}.{os.getpid()}"
         try:
             self.bytes_written += write_segment_file(
                 tmp, self.kind, self._pending, writer=self.writer, step_start=start,
                 step_end=end)
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
+        self._pending = []
+        self._pending_steps = 0
+        self._written_step = end
+        if self._committer is None:
+            self._commit(tmp, final, end)
+        else:
+            self.wait()  # one commit in flight at most: segments become visible in order
+            self._inflight = self._committer.submit(self._commit, tmp, final, end)
+        return final
+
+    def _commit(self, tmp: Path, final: Path, end: int) -> None:
+        try:
             commit_file(tmp, final, durable=self.durable)
         except BaseException:
             tmp.unlink(missing_ok=True)
             raise
         self.committed_step = end
-        self._pending = []
-        self._pending_steps = 0
-        return final
+
+    def wait(self) -> None:
+        """Block until the segment being committed in the background is visible."""
+        if self._inflight is not None:
+            inflight, self._inflight = self._inflight, None
+            inflight.result()
+
+    def close(self) -> None:
+        """Commit what is gathered and wait until every segment is visible."""
+        self.flush()
+        self.wait()
+        if self._committer is not None:
+            self._committer.shutdown()
 
     def _remove_temporaries(self) -> list[str]:
         removed = sorted(e for e in os.listdir(self.dir) if is_temporary(e))

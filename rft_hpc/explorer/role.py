@@ -98,7 +98,8 @@ def run_explorer(stage_dir: Path, index: int) -> int:
     stream = TaskStream(train, seed=config.run.seed, explorers=cfg.count,
                         tasks_per_step=cfg.tasks_per_step)
     writer = SegmentWriter(run.buffer, role, "rl", durable=config.buffer.fsync,
-                           steps_per_segment=config.buffer.steps_per_segment)
+                           steps_per_segment=config.buffer.steps_per_segment,
+                           background_commit=True)
     engine = HFEngine(config.model.path, dtype=config.model.dtype)
     load_start_weights(engine, config)
     follower = WeightFollower(run, engine, stop)
@@ -123,7 +124,7 @@ def run_explorer(stage_dir: Path, index: int) -> int:
             metrics.log(step, values)
             step += 1
             write_heartbeat(run, role, status="running", step=step, version=engine.version)
-        writer.flush()
+        writer.close()
         step = writer.committed_step
     finally:
         metrics.close()

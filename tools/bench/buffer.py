@@ -6,7 +6,8 @@
 Measures, all inside one fresh subfolder of DIR (default: the current folder):
 
 1. raw disk: `dd if=/dev/zero bs=1M conv=fdatasync` write, then a `dd` read of that file;
-2. buffer writes with `SegmentWriter(durable=True)` (an fsync per segment): 4096-token
+2. buffer writes with `SegmentWriter(durable=True)` (an fsync per segment, committed in the
+   background as explorers do, and, for reference, in the foreground): 4096-token
    `Experience` records (bytes/s of segment files on disk) and 256-token records (records/s);
 3. buffer reads with `BufferReader` (poll + take everything) of the 4096-token segments
    (bytes/s of segment files) and of the 256-token segments (records/s).
@@ -100,14 +101,19 @@ def make_records(n: int, n_tokens: int, seed: int = 0) -> list[Experience]:
 
 
 def write_records(buffer: Path, writer: str, records: list[Experience],
-                  per_segment: int) -> tuple[float, int]:
-    """Write `records` as segments of `per_segment` records, fsync each; (seconds, bytes)."""
+                  per_segment: int, background: bool = True) -> tuple[float, int]:
+    """Write `records` as segments of `per_segment` records, fsync each; (seconds, bytes).
+
+    `background` commits as explorers do (fsync and rename on a helper thread, overlapping
+    the next segment); the clock stops only when the last segment is committed.
+    """
     shutil.rmtree(buffer, ignore_errors=True)
     os.sync()  # start on a quiet disk: no write-back of an earlier phase
-    w = SegmentWriter(buffer, writer, "rl", durable=True)
+    w = SegmentWriter(buffer, writer, "rl", durable=True, background_commit=background)
     t0 = time.perf_counter()
     for step, start in enumerate(range(0, len(records), per_segment)):
         w.write_step(step, records[start:start + per_segment])
+    w.close()
     secs = time.perf_counter() - t0
     size = sum(p.stat().st_size for p in (buffer / writer).glob("*.h5"))
     return secs, size
@@ -189,7 +195,7 @@ def run(folder: Path, gb: float, per_segment: int, records_256: int, drop: bool,
     buf_big = folder / "buffer-4096"
     # dd, the buffer and plain files take turns, so that each ratio compares runs made
     # under the same conditions (a shared or virtual disk's speed drifts a lot).
-    dd_w, dd_r, buf_w, plain_w = [], [], [], []
+    dd_w, dd_r, buf_w, serial_w, plain_w = [], [], [], [], []
     for _ in range(repeat):
         dd_file.unlink(missing_ok=True)
         os.sync()
@@ -203,6 +209,8 @@ def run(folder: Path, gb: float, per_segment: int, records_256: int, drop: bool,
         dd_file.unlink()
         secs, size = write_records(buf_big, "explorer-0", big, per_segment)
         buf_w.append(size / secs)
+        secs, size = write_records(buf_big, "explorer-0", big, per_segment, background=False)
+        serial_w.append(size / secs)
         n_seg = n_big // per_segment
         plain_w.append(write_plain_files(folder / "plain", n_seg, size // n_seg))
     del big
@@ -217,6 +225,7 @@ def run(folder: Path, gb: float, per_segment: int, records_256: int, drop: bool,
     figs.append(Figure("  ratio to plain files", median(
         [b / p for b, p in zip(buf_w, plain_w, strict=True)]), "x"))
     figs.append(Figure("  records/s", write_big / size * n_big, "rec/s"))
+    figs.append(Figure("  without background commit", median(serial_w) / GB, "GB/s"))
 
     small = make_records(records_256, 256, seed=2)
     buf_small = folder / "buffer-256"
