@@ -74,8 +74,11 @@ def test_async_offset_bounds_the_policy_lag(tmp_path, tiny_model):
                                      "--set", "stages=[]"), timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
     records = rollouts(tmp_path / "demo" / "stages" / "0-main")
+    # An explorer may lag the newest weights by at most sync.offset steps. (It can also be
+    # ahead: when the other explorer is slower, the trainer's FIFO batches run ahead on this
+    # one's data, so it samples with weights newer than its step: fresher, never staler.)
     lags = {r.step - r.policy_version for r in records}
-    assert lags and max(lags) <= 2 and min(lags) >= 0
+    assert lags and max(lags) <= 2
 
 
 def test_explore_mode_runs_explorers_only(tmp_path, tiny_model):

@@ -2,7 +2,8 @@
 # Install rft-hpc into ./.venv. Usage: bash tools/install.sh [--test]
 #
 #   (no flag)  the package and what the demo needs
-#   --test     also what the test suite needs: test extras and system tools (strace)
+#   --test     also what the test suite needs: test extras and system tools (strace, a
+#              local Slurm cluster's packages)
 #
 # torch is installed before the package so that pip never resolves it on its own: on a
 # machine without an NVIDIA GPU that would pull a multi-GB CUDA build. Override the
@@ -54,6 +55,7 @@ fi
 
 if [ "$with_tests" -eq 1 ]; then
   apt_install strace
+  bash tools/local-slurm.sh install  # Slurm, munge, slurmdbd, MariaDB: the tests' cluster
   log "installing rft-hpc with test extras"
   "${pip[@]}" -e ".[test]"
 else
