@@ -99,6 +99,16 @@ def read_json(path: str | os.PathLike[str]) -> Any:
     return json.loads(Path(path).read_text(encoding="utf-8"))
 
 
+def weights_folder_name(version: int) -> str:
+    """Name of the folder of published weights version `version` (`v000042`)."""
+    return f"v{version:06d}"
+
+
+def trainer_step_folder_name(step: int) -> str:
+    """Name of the folder of the trainer checkpoint at `step` (`step-000042`)."""
+    return f"step-{step:06d}"
+
+
 def is_temporary(name: str) -> bool:
     """True for names of files still being written (never to be opened by a reader)."""
     return name.startswith(TEMP_PREFIX)
@@ -127,7 +137,7 @@ class RunDir:
         return self.weights / "LATEST"
 
     def weights_version(self, version: int) -> Path:
-        return self.weights / f"v{version:06d}"
+        return self.weights / weights_folder_name(version)
 
     @property
     def ckpt(self) -> Path:
@@ -138,7 +148,7 @@ class RunDir:
         return self.ckpt / "LATEST"
 
     def trainer_ckpt(self, step: int) -> Path:
-        return self.ckpt / "trainer" / f"step-{step:06d}"
+        return self.ckpt / "trainer" / trainer_step_folder_name(step)
 
     @property
     def state(self) -> Path:

@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 
-from rft_hpc.rundir import atomic_write_json, atomic_write_text, read_json
+from rft_hpc.rundir import atomic_write_json, atomic_write_text, read_json, weights_folder_name
 from rft_hpc.sync.storage import (
     CHECKSUM_ALGORITHM,
     FileDigest,
@@ -57,7 +57,7 @@ class WeightsGone(WeightsError):
 
 def version_dir(weights_dir: str | Path, version: int) -> Path:
     """The folder of weights version `version`: `weights_dir/v<NNNNNN>`."""
-    return Path(weights_dir) / f"v{version:06d}"
+    return Path(weights_dir) / weights_folder_name(version)
 
 
 def publish_weights(weights_dir: str | Path, state_dict: Mapping[str, torch.Tensor],

@@ -30,7 +30,13 @@ import numpy as np
 import torch
 
 from rft_hpc.errors import UserError
-from rft_hpc.rundir import atomic_write_json, atomic_write_text, fsync_file, read_json
+from rft_hpc.rundir import (
+    atomic_write_json,
+    atomic_write_text,
+    fsync_file,
+    read_json,
+    trainer_step_folder_name,
+)
 from rft_hpc.sync.storage import (
     CHECKSUM_ALGORITHM,
     FileDigest,
@@ -79,7 +85,7 @@ def save_trainer_state(ckpt_dir: str | Path, step: int, *, model: torch.nn.Modul
     ckpt_dir = Path(ckpt_dir)
     parent = ckpt_dir / "trainer"
     remove_temporaries(parent)
-    final = parent / f"step-{step:06d}"
+    final = parent / trainer_step_folder_name(step)
     tmp = make_temp_folder(parent, final.name)
     try:
         digest = save_safetensors(tmp / "model.safetensors", model.state_dict())
