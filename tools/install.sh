@@ -41,7 +41,10 @@ if [ ! -x .venv/bin/python ]; then
   log "creating .venv with $("$PY" --version)"
   "$PY" -m venv .venv
 fi
-pip=(.venv/bin/python -m pip install -q --disable-pip-version-check)
+pip_install() {  # pip install, without the warnings some mirrors' configs print per package
+  { .venv/bin/python -m pip install -q --disable-pip-version-check "$@" 2>&1 1>&3 |
+      { grep -v "is ignored: it is neither a file nor a directory" >&2 || true; }; } 3>&1
+}
 
 if ! .venv/bin/python -c 'import torch' 2>/dev/null; then
   if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
@@ -50,16 +53,16 @@ if ! .venv/bin/python -c 'import torch' 2>/dev/null; then
     torch_req=${RFT_HPC_TORCH:-torch==2.13.0}  # the CPU build on this platform's disk
   fi
   log "installing $torch_req"
-  "${pip[@]}" "$torch_req"
+  pip_install "$torch_req"
 fi
 
 if [ "$with_tests" -eq 1 ]; then
   apt_install strace
   bash tools/local-slurm.sh install  # Slurm, munge, slurmdbd, MariaDB: the tests' cluster
   log "installing rft-hpc with test extras"
-  "${pip[@]}" -e ".[test]"
+  pip_install -e ".[test]"
 else
   log "installing rft-hpc"
-  "${pip[@]}" -e .
+  pip_install -e .
 fi
 log "done: $(.venv/bin/rft-hpc --version)"
