@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
+import secrets
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -69,9 +69,11 @@ def atomic_write_bytes(path: str | os.PathLike[str], data: bytes, *, durable: bo
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=TEMP_PREFIX + path.name + ".", dir=path.parent)
+    # A fresh name opened with O_EXCL (as mkstemp does) but with the usual mode, so that the
+    # file respects the umask and a run directory shared with a group stays readable.
+    tmp = path.parent / f"{TEMP_PREFIX}{path.name}.{os.getpid()}.{secrets.token_hex(4)}"
     try:
-        with os.fdopen(fd, "wb") as f:
+        with open(tmp, "xb") as f:
             f.write(data)
             f.flush()
             if durable:

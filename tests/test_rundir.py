@@ -40,3 +40,12 @@ def test_killed_writer_never_leaves_a_partial_file(tmp_path):
             proc.wait()
         lines = target.read_text().splitlines()
         assert lines == ["old"] or (len(lines) == 1000 and len(set(lines)) == 1)
+
+
+def test_atomic_writes_respect_the_umask(tmp_path):
+    old = os.umask(0o027)
+    try:
+        atomic_write_text(tmp_path / "shared.txt", "x")
+    finally:
+        os.umask(old)
+    assert (tmp_path / "shared.txt").stat().st_mode & 0o777 == 0o640

@@ -83,3 +83,35 @@ def role_trainer(stage: Path = typer.Argument(..., help="Stage directory.")) -> 
     from rft_hpc.trainer.role import run_trainer
 
     run_trainer(stage)
+
+
+@role_app.command("prepare")
+def role_prepare(
+    run: Path = typer.Argument(..., help="Run directory."),
+    index: int = typer.Option(..., "--index", help="Stage to prepare."),
+) -> None:
+    """Finish the stages before stage INDEX and lay out stage INDEX (a job between stages)."""
+    from rft_hpc.launch.sbatch import stage_job_seconds
+    from rft_hpc.run.stages import prepare_next_stage
+    from rft_hpc.rundir import RunDir
+
+    stage = prepare_next_stage(RunDir(run.resolve()), index, stage_job_seconds)
+    console.print(f"prepared {stage.root}")
+
+
+@role_app.command("finalize")
+def role_finalize(run: Path = typer.Argument(..., help="Run directory.")) -> None:
+    """Finish the last stage, write summary.json and report.png (the last job of a run)."""
+    import time
+
+    from rft_hpc.launch.sbatch import stage_job_seconds
+    from rft_hpc.launch.submit import submitted_at
+    from rft_hpc.run.summary import finalize_run
+    from rft_hpc.rundir import RunDir
+
+    folder = RunDir(run.resolve())
+    start = submitted_at(folder)
+    summary = finalize_run(folder, stage_job_seconds,
+                           wall_seconds=time.time() - start if start is not None else 0.0)
+    console.print(stage_table(summary))
+    console.print(f"summary: {folder.root / 'summary.json'}")

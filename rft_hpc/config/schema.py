@@ -14,6 +14,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from rft_hpc.buffer.config import BufferConfig
+from rft_hpc.launch.config import LaunchConfig
 from rft_hpc.tasks.config import ArithmeticTasks, TasksConfig
 
 Mode = Literal["both", "train", "explore", "bench"]
@@ -257,6 +258,10 @@ class ExperimentConfig(_Section):
     stages: list[StageConfig] = Field(default_factory=list)
     """Stages run one after the other (e.g. SFT warm-up, then GRPO), each starting from the
     weights the previous one ended with; empty = one stage, the config itself."""
+
+    launch: LaunchConfig = Field(default_factory=LaunchConfig)
+    """How `rft-hpc submit` runs the roles as Slurm jobs (ignored by `rft-hpc run`, except
+    `umask` and `group`)."""
 
     def stage_configs(self) -> list[tuple[str, ExperimentConfig]]:
         """(name, config) of each stage in order: the base with the stage's keys applied."""

@@ -53,10 +53,12 @@ class StopFlag:
 
 
 def write_heartbeat(run: RunDir, role: str, **fields: Any) -> None:
-    """Replace `state/<role>.json` with the role's current state and the time."""
+    """Replace `state/<role>.json` with the role's current state and the time (and, in a
+    Slurm job, how many times Slurm has restarted it)."""
+    restarts = int(os.environ.get("SLURM_RESTART_COUNT", "0") or 0)
     atomic_write_json(run.state / f"{role}.json",
-                      {"role": role, "pid": os.getpid(), "time": time.time(), **fields},
-                      durable=False)
+                      {"role": role, "pid": os.getpid(), "time": time.time(),
+                       "restarts": restarts, **fields}, durable=False)
 
 
 def set_threads(threads: int) -> None:

@@ -17,14 +17,12 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from rft_hpc.config import ExperimentConfig, load_config
+from rft_hpc.config import ExperimentConfig
 from rft_hpc.errors import UserError
-from rft_hpc.monitor.metrics import read_metrics
 from rft_hpc.run.display import Display
 from rft_hpc.run.stages import (
-    check_runnable,
-    freeze_run_config,
-    prepare_model,
+    finish_stage,
+    open_run,
     prepare_stage,
     stage_dir,
     stage_result,
@@ -56,16 +54,25 @@ class RunResult:
     summary: dict = field(default_factory=dict)
 
 
-def role_command(role: str, folder: Path, index: int | None = None) -> list[str]:
-    """The command line that runs one role on a stage directory (local or in a Slurm job)."""
-    cmd = [sys.executable, "-m", "rft_hpc.cli", "role", role, str(folder)]
+def role_command(role: str, folder: Path, index: int | str | None = None, *,
+                 python: str = sys.executable) -> list[str]:
+    """The command line that runs one role on a stage directory (local or in a Slurm job).
+
+    In a Slurm array, `index` is the shell text that expands to the array task's index.
+    """
+    cmd = [python, "-m", "rft_hpc.cli", "role", role, str(folder)]
     return cmd + (["--index", str(index)] if index is not None else [])
+
+
+def role_env(threads: int) -> dict[str, str]:
+    """Environment variables every role process gets (locally and in Slurm jobs)."""
+    return {"OMP_NUM_THREADS": str(threads), "TOKENIZERS_PARALLELISM": "false",
+            "PYTHONUNBUFFERED": "1"}
 
 
 def _start(name: str, cmd: list[str], run: RunDir, threads: int) -> RoleProcess:
     log = run.jobs / f"{name}.log"
-    env = dict(os.environ, OMP_NUM_THREADS=str(threads), TOKENIZERS_PARALLELISM="false",
-               PYTHONUNBUFFERED="1")
+    env = dict(os.environ, **role_env(threads))
     with log.open("ab") as out:
         # A session of its own: Ctrl-C reaches only the launcher, which asks roles to stop.
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env,
@@ -117,25 +124,6 @@ def _supervise(procs: list[RoleProcess], display: Display) -> None:
         raise Interrupted("run stopped; run the same command again to resume") from None
 
 
-def _finish_stage(config: ExperimentConfig, run: RunDir, name: str, seconds: float) -> dict:
-    trainer_state = run.state / "trainer.json"
-    trainer = read_json(trainer_state) if trainer_state.exists() else {}
-    if config.mode in ("both", "train") and trainer.get("status") != "done":
-        raise UserError(f"stage {name}: the trainer stopped before its last step; run the same "
-                        "command again to resume")
-    evals = [r["eval_accuracy"] for r in read_metrics(run.metrics / "trainer.jsonl")
-             if r.get("eval_accuracy") is not None]
-    explorer_steps = sum(read_json(p).get("step", 0) for p in run.state.glob("explorer-*.json"))
-    version = trainer.get("final_version")
-    result = {"name": name, "mode": config.mode, "seconds": seconds,
-              "trainer_steps": trainer.get("step", 0), "explorer_steps": explorer_steps,
-              "eval_initial": evals[0] if evals else None,
-              "eval_final": evals[-1] if evals else None,
-              "weights": str(run.weights_version(version)) if version is not None else None}
-    atomic_write_json(run.state / "result.json", result)
-    return result
-
-
 def _interrupt(signum: int, _frame: object) -> None:
     raise KeyboardInterrupt
 
@@ -149,11 +137,7 @@ def run_local(config_path: Path, overrides: list[str] | None = None, *,
     """
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, _interrupt)
-    config = load_config(config_path, overrides or [])
-    check_runnable(config)
-    config = prepare_model(config)
-    run = RunDir(config.run.root.resolve() / config.run.name)
-    freeze_run_config(config, run)
+    config, run = open_run(config_path, overrides or [])
     start_weights: Path | None = None
     results = []
     t_run = time.monotonic()
@@ -172,7 +156,7 @@ def run_local(config_path: Path, overrides: list[str] | None = None, *,
             finally:  # seconds spent in a stage add up over interrupted runs
                 spent += time.monotonic() - t0
                 atomic_write_json(clock, {"seconds": spent})
-            done = _finish_stage(stage, stage_run, name, spent)
+            done = finish_stage(stage, stage_run, name, spent)
         results.append(done)
         start_weights = Path(done["weights"]) if done["weights"] else start_weights
     summary = write_summary(run, results, wall_seconds=time.monotonic() - t_run)

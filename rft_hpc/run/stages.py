@@ -1,19 +1,80 @@
-"""Preparing the stages of a run: directories, frozen configs, models and offline data."""
+"""The stages of a run, whatever launches them: the run directory, frozen configs, models,
+offline data, and each finished stage's result.
+
+`rft-hpc run` and `rft-hpc submit` both start with `create_run` and end a stage with
+`finish_stage`; only the way the roles in between are started differs.
+"""
 
 from __future__ import annotations
 
+import grp
 import json
+import os
+import stat
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import yaml
 
 from rft_hpc.buffer.jsonl import import_jsonl, write_new_writer
 from rft_hpc.buffer.records import SFTSample
-from rft_hpc.config import ExperimentConfig
+from rft_hpc.config import ExperimentConfig, load_config
 from rft_hpc.errors import UserError
+from rft_hpc.launch.config import LaunchConfig
+from rft_hpc.monitor.metrics import read_metrics
 from rft_hpc.roles.common import freeze_config
-from rft_hpc.rundir import RunDir, read_json
+from rft_hpc.rundir import RunDir, atomic_write_json, atomic_write_text, read_json
 from rft_hpc.tasks.source import build_tasks
+
+StageSeconds = Callable[[RunDir], float]
+"""How long a finished stage took, read from its directory (each launcher records it)."""
+
+
+def open_run(config_path: Path, overrides: Sequence[str] = ()) -> tuple[ExperimentConfig, RunDir]:
+    """Load and check a config, then `create_run` it."""
+    config = load_config(config_path, overrides)
+    check_runnable(config)
+    return create_run(config)
+
+
+def create_run(config: ExperimentConfig) -> tuple[ExperimentConfig, RunDir]:
+    """Build the model if asked, create the run directory (shared as `launch` says) and
+    freeze the config in it, or check that an existing run holds the same config."""
+    config = prepare_model(config)
+    run = RunDir(run_root(config))
+    share_run_dir(config.launch, run.root)
+    freeze_run_config(config, run)
+    return config, run
+
+
+def run_root(config: ExperimentConfig) -> Path:
+    """The run directory of a config (absolute)."""
+    return config.run.root.resolve() / config.run.name
+
+
+def share_run_dir(launch: LaunchConfig, root: Path) -> None:
+    """Apply `launch.umask` to this process (so to every role it starts) and create `root`,
+    owned by `launch.group` with the set-group-ID bit, so that all inside inherits the group."""
+    if launch.umask is not None:
+        os.umask(int(launch.umask, 8))
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise UserError(f"cannot create the run directory {root}: {exc.strerror}") from None
+    if not os.access(root, os.W_OK | os.X_OK):
+        raise UserError(f"the run directory {root} is not writable")
+    if launch.group is None:
+        return
+    try:
+        gid = grp.getgrnam(launch.group).gr_gid
+    except KeyError:
+        raise UserError(f"launch.group: there is no group {launch.group!r} here") from None
+    try:
+        os.chown(root, -1, gid)
+        os.chmod(root, os.stat(root).st_mode | stat.S_ISGID)
+    except OSError as exc:
+        raise UserError(f"launch.group: cannot give {root} to group {launch.group}: "
+                        f"{exc.strerror}") from None
 
 OFFLINE_WRITER = "import-data"
 
@@ -55,16 +116,24 @@ def check_runnable(config: ExperimentConfig) -> None:
 
 def freeze_run_config(config: ExperimentConfig, run: RunDir) -> None:
     """Write the run's config.yaml, or check that a resumed run still has the same one."""
-    text = yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False)
-    if run.config.exists():
-        if yaml.safe_load(run.config.read_text()) != yaml.safe_load(text):
-            raise UserError(f"{run.root} already holds a run with a different config; give "
-                            "this one another run.name, or run the same config to resume it")
-        return
-    run.create()
-    from rft_hpc.rundir import atomic_write_text
+    if not check_same_config(config, run):
+        run.create()
+        atomic_write_text(run.config, _config_text(config))
 
-    atomic_write_text(run.config, text)
+
+def check_same_config(config: ExperimentConfig, run: RunDir) -> bool:
+    """True when the run directory holds this config (resolved by `prepare_model`), False
+    when it holds none; a `UserError` when it holds another."""
+    if not run.config.exists():
+        return False
+    if yaml.safe_load(run.config.read_text()) != yaml.safe_load(_config_text(config)):
+        raise UserError(f"{run.root} already holds a run with a different config; give "
+                        "this one another run.name, or run the same config to resume it")
+    return True
+
+
+def _config_text(config: ExperimentConfig) -> str:
+    return yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False)
 
 
 def stage_dir(run: RunDir, index: int, name: str) -> Path:
@@ -111,6 +180,55 @@ def stage_result(run: RunDir) -> dict | None:
     """The result record of a finished stage, or None if it has not finished."""
     path = run.state / "result.json"
     return read_json(path) if path.exists() else None
+
+
+def finish_stage(config: ExperimentConfig, run: RunDir, name: str, seconds: float) -> dict:
+    """Write the result of a stage whose roles have all ended (`state/result.json`).
+
+    Raises `UserError` when the trainer stopped before its last step: the stage must resume.
+    """
+    trainer_state = run.state / "trainer.json"
+    trainer = read_json(trainer_state) if trainer_state.exists() else {}
+    if config.mode in ("both", "train") and trainer.get("status") != "done":
+        raise UserError(f"stage {name}: the trainer stopped before its last step; run the same "
+                        "command again to resume")
+    evals = [r["eval_accuracy"] for r in read_metrics(run.metrics / "trainer.jsonl")
+             if r.get("eval_accuracy") is not None]
+    explorer_steps = sum(read_json(p).get("step", 0) for p in run.state.glob("explorer-*.json"))
+    version = trainer.get("final_version")
+    result = {"name": name, "mode": config.mode, "seconds": seconds,
+              "trainer_steps": trainer.get("step", 0), "explorer_steps": explorer_steps,
+              "eval_initial": evals[0] if evals else None,
+              "eval_final": evals[-1] if evals else None,
+              "weights": str(run.weights_version(version)) if version is not None else None}
+    atomic_write_json(run.state / "result.json", result)
+    return result
+
+
+def finished_stages(config: ExperimentConfig, run: RunDir, count: int,
+                    seconds: StageSeconds) -> list[dict]:
+    """Results of the first `count` stages, finishing those whose roles ended but that have
+    no result yet (a batch launcher learns only afterwards that they ended)."""
+    results = []
+    for index, (name, stage) in enumerate(config.stage_configs()[:count]):
+        folder = RunDir(stage_dir(run, index, name))
+        done = stage_result(folder)
+        results.append(done if done is not None
+                       else finish_stage(stage, folder, name, seconds(folder)))
+    return results
+
+
+def start_weights(results: list[dict]) -> Path | None:
+    """The weights the stage after `results` starts from: the last ones a stage published."""
+    return next((Path(r["weights"]) for r in reversed(results) if r["weights"]), None)
+
+
+def prepare_next_stage(run: RunDir, index: int, seconds: StageSeconds) -> RunDir:
+    """Finish the stages before `index` and prepare stage `index` of the run at `run`."""
+    config = load_config(run.config)
+    results = finished_stages(config, run, index, seconds)
+    name, stage = config.stage_configs()[index]
+    return prepare_stage(stage, stage_dir(run, index, name), start_weights(results))
 
 
 def dump(obj: object) -> str:

@@ -5,8 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from rft_hpc.config import load_config
 from rft_hpc.monitor.metrics import read_metrics
-from rft_hpc.run.stages import stage_dir
+from rft_hpc.run.stages import StageSeconds, finished_stages, stage_dir
 from rft_hpc.rundir import RunDir, atomic_write_json
 
 SUMMARY_VERSION = 1
@@ -33,6 +34,16 @@ def write_summary(run: RunDir, stages: list[dict[str, Any]], *,
         "stages": stages,
     }
     atomic_write_json(run.root / "summary.json", summary)
+    return summary
+
+
+def finalize_run(run: RunDir, seconds: StageSeconds, *, wall_seconds: float) -> dict[str, Any]:
+    """Finish every stage still without a result, then write summary.json and report.png
+    (the last job of a batch run; `rft-hpc run` does the same at its end)."""
+    config = load_config(run.config)
+    results = finished_stages(config, run, len(config.stage_configs()), seconds)
+    summary = write_summary(run, results, wall_seconds=wall_seconds)
+    write_report(run, results)
     return summary
 
 

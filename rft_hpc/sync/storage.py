@@ -20,6 +20,7 @@ import contextlib
 import json
 import os
 import re
+import secrets
 import shutil
 import struct
 import tempfile
@@ -162,7 +163,11 @@ def _numel(shape: list[int]) -> int:
 def make_temp_folder(parent: Path, name: str) -> Path:
     """Create a fresh folder `parent/.tmp-<name>.<random>` (creating `parent` if needed)."""
     parent.mkdir(parents=True, exist_ok=True)
-    return Path(tempfile.mkdtemp(prefix=f"{TEMP_PREFIX}{name}.", dir=parent))
+    # mkdir (not mkdtemp, which makes it 0700): the folder respects the umask, so weights in
+    # a run directory shared with a group stay readable by the group.
+    folder = parent / f"{TEMP_PREFIX}{name}.{os.getpid()}.{secrets.token_hex(4)}"
+    folder.mkdir()
+    return folder
 
 
 def commit_folder(tmp: Path, final: Path) -> None:

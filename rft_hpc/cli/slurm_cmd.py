@@ -1,0 +1,137 @@
+"""`rft-hpc submit | render | status | cancel | logs`: an experiment as Slurm jobs."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import typer
+from rich.console import Group
+from rich.live import Live
+from rich.table import Table
+
+from rft_hpc.cli.output import console
+
+_SET = typer.Option([], "--set", help="Override a key: --set trainer.lr=1e-5.")
+_NAME = typer.Option(None, "--name", help="Run name (sets run.name).")
+
+
+def submit(
+    config: Path = typer.Argument(..., help="Experiment config (YAML)."),
+    set_: list[str] = _SET,
+    name: str | None = _NAME,
+    dry_run: bool = typer.Option(False, "--dry-run",
+                                 help="Print the sbatch scripts; create and submit nothing."),
+) -> None:
+    """Submit an experiment as Slurm jobs (resumes a run submitted before with this config)."""
+    from rft_hpc.launch.submit import submit_run
+
+    result = submit_run(config, set_, name=name, dry_run=dry_run)
+    if result.finished:
+        console.print(f"{result.root} has finished: nothing to submit "
+                      f"(summary: {result.root / 'summary.json'})")
+        return
+    if dry_run:
+        for job in result.jobs:
+            after = f" (after {', '.join(job.after)})" if job.after else ""
+            console.print(f"# ---- {job.file_name}{after}", markup=False)
+            console.print(job.script, markup=False)
+        console.print(f"dry run: {len(result.jobs)} job(s) for {result.root}; nothing was "
+                      "submitted")
+        return
+    table = Table(title=f"run {result.root.name}: submitted")
+    for col in ("job", "slurm id", "waits for", "script"):
+        table.add_column(col)
+    for job in result.jobs:
+        table.add_row(job.name, result.ids[job.name], ", ".join(job.after) or "-",
+                      job.file_name)
+    console.print(table)
+    console.print(f"run directory: {result.root}   watch: rft-hpc status {result.root}")
+
+
+def render(
+    config: Path = typer.Argument(..., help="Experiment config (YAML)."),
+    out: Path = typer.Option(..., "--out", help="Folder for the scripts and submit.sh."),
+    set_: list[str] = _SET,
+    name: str | None = _NAME,
+) -> None:
+    """Write standalone sbatch scripts and a submit.sh for submitting by hand."""
+    from rft_hpc.launch.submit import render_run
+
+    result = render_run(config, out, set_, name=name)
+    if result.finished:
+        console.print(f"{result.root} has finished: nothing to render")
+        return
+    for job in result.jobs:
+        console.print(str(out / job.file_name))
+    console.print(f"submit them with: bash {out / 'submit.sh'}   (run directory: {result.root})")
+
+
+def status(
+    run: Path = typer.Argument(..., help="Run directory."),
+    as_json: bool = typer.Option(False, "--json", help="Print the status as JSON."),
+    watch: bool = typer.Option(False, "--watch", help="Refresh every few seconds until the "
+                               "run ends (Ctrl-C stops watching, not the run)."),
+) -> None:
+    """Slurm state of each job of a submitted run and the heartbeat of each role."""
+    from rft_hpc.launch.status import run_status
+
+    info = run_status(run)
+    if as_json:
+        typer.echo(json.dumps(info, indent=2))
+        return
+    if not watch:
+        console.print(status_view(info))
+        return
+    with Live(status_view(info), console=console, refresh_per_second=1) as live:
+        while info["state"] == "running":
+            time.sleep(WATCH_SECONDS)
+            info = run_status(run)
+            live.update(status_view(info))
+
+
+WATCH_SECONDS = 2.0
+
+
+def status_view(info: dict) -> Group:
+    """The job table and the role table of `rft-hpc status`."""
+    jobs = Table(title=f"run {Path(info['run']).name}: {info['state']}")
+    for col in ("job", "slurm id", "state", "tasks"):
+        jobs.add_column(col)
+    for job in info["jobs"]:
+        tasks = ", ".join(f"{k}: {v}" for k, v in job["tasks"].items()) if len(
+            job["tasks"]) > 1 else ""
+        jobs.add_row(job["name"], job["id"], job["state"], tasks)
+    roles = Table(title="roles (heartbeats)")
+    columns = ("stage", "role", "status", "step", "version", "age", "backlog", "restarts")
+    for col in columns:
+        roles.add_column("age (s)" if col == "age" else col,
+                         justify="left" if col in ("stage", "role", "status") else "right")
+    for r in info["roles"]:
+        roles.add_row(*(("-" if r.get(k) is None else str(r[k])) for k in columns))
+    parts: list[Table | str] = [jobs, roles]
+    if info["summary"]:
+        parts.append(f"summary: {info['summary']}")
+    return Group(*parts)
+
+
+def cancel(run: Path = typer.Argument(..., help="Run directory.")) -> None:
+    """Cancel every job of a submitted run and wait until none is left in the queue."""
+    from rft_hpc.launch.status import cancel_run
+
+    cancelled = cancel_run(run)
+    console.print(f"cancelled {len(cancelled)} queued job(s)/task(s): "
+                  f"{', '.join(cancelled) or 'none was queued'}")
+
+
+def logs(
+    run: Path = typer.Argument(..., help="Run directory."),
+    role: str | None = typer.Argument(None, help="trainer, explorer, explorer-<i>, finalize, "
+                                                 "<stage>.prepare; all when left out."),
+    follow: bool = typer.Option(False, "--follow", "-f", help="Keep printing new output."),
+) -> None:
+    """Print the logs of a run's roles and jobs (local runs too)."""
+    from rft_hpc.launch.status import log_files, show_logs
+
+    show_logs(log_files(run, role), follow=follow)  # --follow ends with Ctrl-C

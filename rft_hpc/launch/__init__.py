@@ -1,0 +1,1 @@
+"""Running an experiment as Slurm jobs: config, sbatch scripts, submission, status."""

@@ -1,0 +1,223 @@
+"""Sbatch scripts of a run, rendered from the templates in `slurm/`.
+
+Every job runs, under srun, the very role command that `rft-hpc run` starts as a local
+process (`role_command`). The scripts hold no secrets: `pass_env` names travel by name
+(`--export=ALL,NAME`), their values stay in the submitting environment. Dependencies are
+not in the scripts: the submitter passes them on the sbatch command line, so that the same
+script serves `rft-hpc submit`, `rft-hpc render` and `sbatch --test-only`.
+"""
+
+from __future__ import annotations
+
+import shlex
+import string
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from rft_hpc.launch.config import LaunchConfig, SlurmRoleConfig
+from rft_hpc.run.local import role_command, role_env
+from rft_hpc.rundir import RunDir, read_json
+
+TEMPLATES = Path(__file__).resolve().parents[2] / "slurm"
+ARRAY_INDEX = "$SLURM_ARRAY_TASK_ID"
+"""Shell text of the array task's index: an explorer's `--index` in its array job."""
+
+
+class _Template(string.Template):
+    delimiter = "@"  # `$` is the shell's
+
+
+def template(name: str) -> _Template:
+    """A template of `slurm/` (`role.sbatch`, `submit.sh`)."""
+    return _Template((TEMPLATES / name).read_text(encoding="utf-8"))
+
+
+@dataclass(frozen=True)
+class Job:
+    """One Slurm job of a run: its script and the jobs it waits for."""
+
+    name: str
+    """`<stage>.<role>` for a role's job, `<stage>.prepare` or `finalize` for a helper."""
+    role: str
+    settings: str
+    """Config key of its Slurm settings (`launch.slurm.trainer`), for messages."""
+    script: str
+    after: tuple[str, ...] = ()
+    array: int | None = None
+    stage: str | None = None
+    logs: tuple[Path, ...] = ()
+
+    @property
+    def file_name(self) -> str:
+        """Name of its script file."""
+        return f"{self.name}.sbatch"
+
+
+@dataclass(frozen=True)
+class JobContext:
+    """What every script of one run shares."""
+
+    run: RunDir
+    launch: LaunchConfig
+    cwd: Path
+    source: str
+    """The config file the run came from (shown in the scripts)."""
+
+    def python(self, settings: SlurmRoleConfig) -> str:
+        """The interpreter a job with these settings runs rft-hpc with."""
+        return self.launch.python or ("python3" if settings.container else sys.executable)
+
+
+def sbatch_options(settings: SlurmRoleConfig, *, job_name: str, output: Path, cwd: Path,
+                   signal_delay: int, array: str | None = None) -> list[str]:
+    """The `#SBATCH` options of a job, in a fixed order."""
+    opts = [f"--job-name={job_name}", f"--output={output}", "--open-mode=append",
+            f"--chdir={cwd}", f"--signal=USR2@{signal_delay}"]
+    for key, option in (("partition", "partition"), ("account", "account"), ("qos", "qos")):
+        if getattr(settings, key) is not None:
+            opts.append(f"--{option}={getattr(settings, key)}")
+    opts += [f"--nodes={settings.nodes}", f"--ntasks-per-node={settings.tasks_per_node}"]
+    if settings.gpus_per_node:
+        opts.append(f"--gpus-per-node={settings.gpus_per_node}")
+    for key, option in (("cpus_per_task", "cpus-per-task"), ("mem", "mem"), ("time", "time"),
+                        ("constraint", "constraint")):
+        if getattr(settings, key) is not None:
+            opts.append(f"--{option}={getattr(settings, key)}")
+    if settings.exclusive:
+        opts.append("--exclusive")
+    if array is not None:
+        opts.append(f"--array={array}")
+    if settings.pass_env:
+        opts.append(f"--export=ALL,{','.join(settings.pass_env)}")
+    opts += [f"--{key}={value}" if value else f"--{key}" for key, value in settings.extra.items()]
+    return opts
+
+
+def container_prefix(settings: SlurmRoleConfig, run: RunDir) -> list[str]:
+    """`apptainer exec ... IMAGE` (empty without a container): what wraps the role command."""
+    box = settings.container
+    if box is None:
+        return []
+    binds = [str(run.root), *box.binds]
+    gpu = ["--nv"] if settings.gpus_per_node else []
+    return [box.runtime, "exec", *gpu, *box.options, "--bind", ",".join(binds), box.image]
+
+
+def shell_command(argv: list[str]) -> str:
+    """`argv` as shell text; `ARRAY_INDEX` stays a variable the shell expands."""
+    return " ".join(f'"{ARRAY_INDEX}"' if a == ARRAY_INDEX else shlex.quote(a) for a in argv)
+
+
+def render_script(ctx: JobContext, settings: SlurmRoleConfig, *, key: str, title: str,
+                  job_name: str, log: Path, command: list[str], threads: int,
+                  state: Path | None = None,
+                  env: dict[str, str] | None = None, array: str | None = None,
+                  record: str | None = None) -> str:
+    """The sbatch script of one job (its settings at config key `key`): options, umask,
+    setup, environment, then srun of `command` (in the container, if any).
+
+    `env` values are shell text inside double quotes (they may use `$state`, the stage's
+    state folder, and Slurm's variables); `record` names the file in `$state` where a role's
+    job leaves its start, end and exit status.
+    """
+    options = sbatch_options(settings, job_name=f"{ctx.run.root.name}.{job_name}", output=log,
+                             cwd=ctx.cwd, signal_delay=ctx.launch.slurm.signal_delay,
+                             array=array)
+    preamble = [f"umask {ctx.launch.umask}"] if ctx.launch.umask else []
+    if settings.setup:
+        preamble += ["", f"# setup ({key}.setup)", *settings.setup]
+    exports = {**role_env(threads), **settings.env}
+    preamble += ["", "# environment"]
+    if state is not None:
+        preamble.append(f"state={shlex.quote(str(state))}")
+    preamble += [f"export {k}={shlex.quote(v)}" for k, v in exports.items()]
+    preamble += [f'export {k}="{v}"' for k, v in (env or {}).items()]
+    srun = ["--kill-on-bad-exit=1"] if settings.tasks() > 1 else []
+    if settings.cpus_per_task:
+        srun.append(f"--cpus-per-task={settings.cpus_per_task}")
+    epilogue = ""
+    if record is not None:
+        epilogue = (f"printf '{{\"job\": \"%s\", \"start\": %s, \"end\": %s, "
+                    f"\"status\": %s}}\\n' "
+                    f'"$job" "$started" "$(date +%s.%N)" "$status" '
+                    f'>"$state/.tmp-{record}.json"\n'
+                    f'mv "$state/.tmp-{record}.json" "$state/{record}.json"\n')
+    return template("role.sbatch").substitute(
+        sbatch="\n".join(f"#SBATCH {o}" for o in options), title=_one_line(title),
+        config=_one_line(ctx.source), preamble="\n".join(preamble), what=shlex.quote(title),
+        srun=shell_command([*srun, *container_prefix(settings, ctx.run), *command]),
+        epilogue=epilogue)
+
+
+def role_job(ctx: JobContext, role: str, stage_run: RunDir, stage: str, *, threads: int,
+             count: int = 1, after: tuple[str, ...] = ()) -> Job:
+    """The explorer array (`count` tasks) or the trainer job of one stage."""
+    slurm = ctx.launch.slurm
+    settings: SlurmRoleConfig = getattr(slurm, role)
+    name, key = f"{stage}.{role}", f"launch.slurm.{role}"
+    if role == "explorer":
+        par = f"%{settings.array_parallelism}" if settings.array_parallelism else ""
+        script = render_script(
+            ctx, settings, key=key,
+            title=f"explorers of stage {stage} (array task = explorer index)",
+            job_name=name, log=stage_run.jobs / "explorer-%a.log",
+            command=role_command("explorer", stage_run.root, ARRAY_INDEX,
+                                 python=ctx.python(settings)),
+            threads=threads, state=stage_run.state, array=f"0-{count - 1}{par}",
+            record="slurm-explorer-$SLURM_ARRAY_TASK_ID")
+        logs = tuple(stage_run.jobs / f"explorer-{i}.log" for i in range(count))
+        return Job(name, role, key, script, after, count, stage, logs)
+    # Ranks meet through a file store on the run directory (no MASTER_ADDR to resolve).
+    dist = {"RFT_DIST_INIT_FILE": "$state/dist-$SLURM_JOB_ID"}
+    script = render_script(
+        ctx, settings, key=key,
+        title=f"trainer of stage {stage}, {_count(settings.tasks(), 'rank')}",
+        job_name=name, log=stage_run.jobs / "trainer.log",
+        command=role_command("trainer", stage_run.root, python=ctx.python(settings)),
+        threads=threads, state=stage_run.state, env=dist, record="slurm-trainer")
+    return Job(name, role, key, script, after, None, stage,
+               (stage_run.jobs / "trainer.log",))
+
+
+def helper_job(ctx: JobContext, name: str, role: str, *, index: int | None = None,
+               after: tuple[str, ...] = (), stage: str | None = None) -> Job:
+    """A small job of the launcher's own: prepare stage `index`, or finalize the run."""
+    settings = ctx.launch.slurm.helper_settings()
+    log = ctx.run.jobs / f"{name}.log"
+    title = (f"prepare stage {stage} after the one before" if role == "prepare"
+             else "finalize the run: summary.json and report.png")
+    script = render_script(ctx, settings, key="launch.slurm.helper", title=title,
+                           job_name=name, log=log,
+                           command=role_command(role, ctx.run.root, index,
+                                                python=ctx.python(settings)),
+                           threads=1)
+    return Job(name, role, "launch.slurm.helper", script, after, None, stage, (log,))
+
+
+def submit_script(jobs: list[Job], run_name: str, source: str) -> str:
+    """`submit.sh` for `rft-hpc render`: sbatch of every job in order, with dependencies."""
+    lines, ids = [], {}
+    for number, job in enumerate(jobs):
+        var = f"job{number}"
+        deps = ":".join(f"${{{ids[a]}%%;*}}" for a in job.after)
+        dep = f"--kill-on-invalid-dep=yes --dependency=afterok:{deps} " if deps else ""
+        lines += [f"{var}=$(sbatch --parsable {dep}{shlex.quote(job.file_name)})",
+                  f'echo {shlex.quote(job.name + ":")} "${{{var}%%;*}}"']
+        ids[job.name] = var
+    return template("submit.sh").substitute(run=run_name, config=_one_line(source),
+                                            submissions="\n".join(lines))
+
+
+def stage_job_seconds(stage_run: RunDir) -> float:
+    """How long a stage's role jobs took: the longest of them (each timed on its own node)."""
+    spans = [read_json(p) for p in stage_run.state.glob("slurm-*.json")]
+    return max((float(s["end"]) - float(s["start"]) for s in spans), default=0.0)
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
+
+
+def _one_line(text: str) -> str:
+    return " ".join(str(text).split())

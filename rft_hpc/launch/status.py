@@ -1,0 +1,181 @@
+"""Watching a submitted run: Slurm state of its jobs, heartbeats of its roles, cancel, logs.
+
+Job states come from squeue (fresh) and sacct (after a job left the queue); role state from
+the heartbeats in each stage's `state/`. Log files are those of `rft-hpc run` too, so `logs`
+serves local runs as well.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from rft_hpc.errors import UserError
+from rft_hpc.launch.submit import JOBS_FILE, latest_ids, queued_jobs
+from rft_hpc.rundir import RunDir, read_json
+
+FAILED = frozenset({"BOOT_FAIL", "CANCELLED", "DEADLINE", "FAILED", "NODE_FAIL",
+                    "OUT_OF_MEMORY", "PREEMPTED", "TIMEOUT"})
+_NOT_HEARTBEATS = frozenset({"result", "launcher", "jobs"})
+
+
+def open_run_dir(path: Path) -> RunDir:
+    """The run directory at `path`, or a `UserError` if there is none."""
+    run = RunDir(path.resolve())
+    if not run.config.exists():
+        raise UserError(f"{path} is not a run directory (no config.yaml)")
+    return run
+
+
+def _slurm(args: list[str]) -> str:
+    try:
+        result = subprocess.run(args, capture_output=True, text=True, timeout=60, check=False)
+    except FileNotFoundError:
+        raise UserError(f"{args[0]} not found: Slurm's commands are not on PATH") from None
+    if result.returncode != 0 and "Invalid job id" not in result.stderr:
+        raise UserError(f"{args[0]} failed: {result.stderr.strip()}")
+    return result.stdout
+
+
+def job_states(ids: list[str]) -> dict[str, str]:
+    """State of each job and array task (`12`, `13_0`; `13_[1-3]` for tasks sacct lists as
+    pending together): squeue's for those still queued, sacct's for the others."""
+    if not ids:
+        return {}
+    joined = ",".join(ids)
+    accounted = dict(line.split("|", 1) for line in _slurm(
+        ["sacct", "--noheader", "--parsable2", "--allocations", "--format=JobID,State",
+         f"--jobs={joined}"]).splitlines() if "|" in line)
+    queued = dict(line.split("|", 1) for line in _slurm(
+        ["squeue", "--noheader", "--array", "--format=%i|%T", f"--jobs={joined}"]).splitlines()
+        if "|" in line)
+    # squeue lists every queued task of an array: sacct's "13_[1-3]" is then out of date.
+    in_queue = {job.split("_")[0] for job in queued}
+    states = {job: (state.split() or ["UNKNOWN"])[0] for job, state in accounted.items()
+              if not ("[" in job and job.split("_")[0] in in_queue)}
+    return {**states, **queued}
+
+
+def run_status(path: Path) -> dict[str, Any]:
+    """Jobs, roles and overall state of a submitted run: `running` while a job is queued (or
+    not yet in accounting), then `done` (summary.json written), `failed` or `cancelled`."""
+    run = open_run_dir(path)
+    if not (run.state / JOBS_FILE).exists():
+        raise UserError(f"{path} was never submitted to Slurm (no state/{JOBS_FILE})")
+    entries = read_json(run.state / JOBS_FILE)["submissions"][-1]["jobs"]
+    states = job_states([e["id"] for e in entries])
+    jobs = []
+    for entry in entries:
+        mine = {k: v for k, v in states.items()
+                if k == entry["id"] or k.startswith(entry["id"] + "_")}
+        jobs.append({"name": entry["name"], "id": entry["id"], "role": entry["role"],
+                     "stage": entry["stage"], "state": _overall(list(mine.values())),
+                     "tasks": mine})
+    roles = list(heartbeats(run))
+    summary = run.root / "summary.json"
+    active = any(j["state"] not in FAILED | {"COMPLETED"} for j in jobs)
+    failed = any(j["state"] in FAILED for j in jobs)
+    cancelled = failed and all(j["state"] in ("CANCELLED", "COMPLETED") for j in jobs)
+    state = ("running" if active else "done" if summary.exists() else
+             "cancelled" if cancelled else "failed" if failed else "running")
+    return {"run": str(run.root), "state": state, "jobs": jobs, "roles": roles,
+            "summary": str(summary) if summary.exists() else None}
+
+
+def _overall(states: list[str]) -> str:
+    if not states:
+        return "UNKNOWN"  # not yet in sacct (it lags squeue) or long forgotten
+    for state in ("RUNNING", "COMPLETING", "PENDING", "REQUEUED", "SUSPENDED"):
+        if state in states:
+            return state
+    failed = [s for s in states if s in FAILED]
+    if failed:
+        return failed[0]
+    return "COMPLETED" if all(s == "COMPLETED" for s in states) else states[0]
+
+
+def heartbeats(run: RunDir) -> Iterator[dict[str, Any]]:
+    """Each role's last heartbeat in each stage: status, step, version, age, backlog."""
+    now = time.time()
+    for stage in sorted((run.root / "stages").glob("*")):
+        state = RunDir(stage).state
+        for path in sorted(state.glob("*.json")):
+            if path.stem in _NOT_HEARTBEATS or path.stem.startswith(("slurm-", ".")):
+                continue
+            beat = read_json(path)
+            version = beat.get("version")
+            if path.stem == "trainer":
+                version = beat.get("final_version", _published(RunDir(stage)))
+            yield {"stage": stage.name, "role": path.stem, "status": beat.get("status"),
+                   "step": beat.get("step"), "version": version,
+                   "age": round(now - beat["time"], 1) if "time" in beat else None,
+                   "backlog": beat.get("backlog"), "restarts": beat.get("restarts", 0)}
+
+
+def _published(stage: RunDir) -> int | None:
+    # weights/LATEST holds "<version>\n" (docs/weights-format.md); read here without the
+    # sync module, which imports torch: status must answer quickly.
+    try:
+        return int(stage.weights_latest.read_text().strip())
+    except (OSError, ValueError):
+        return None
+
+
+def cancel_run(path: Path, timeout: float = 60.0) -> list[str]:
+    """scancel every job of the run's latest submission; wait until squeue lists none of
+    them. Returns the ids that were still queued."""
+    run = open_run_dir(path)
+    ids = latest_ids(run)
+    queued = queued_jobs(ids)
+    if queued:
+        _slurm(["scancel", *ids.values()])
+    deadline = time.monotonic() + timeout
+    while queued_jobs(ids):
+        if time.monotonic() > deadline:
+            raise UserError(f"jobs of {run.root} still queued {timeout:.0f} s after scancel: "
+                            f"{', '.join(queued_jobs(ids))}")
+        time.sleep(0.2)
+    return queued
+
+
+def log_files(path: Path, role: str | None = None) -> list[Path]:
+    """The log files of a run (`rft-hpc run` or `submit`), or of one role (`trainer`,
+    `explorer` for all explorers, `explorer-1`, `finalize`, `<stage>.prepare`), including
+    those of submitted jobs that have not started yet."""
+    run = open_run_dir(path)
+    logs = {*run.root.glob("stages/*/jobs/*.log"), *run.jobs.glob("*.log")}
+    if (run.state / JOBS_FILE).exists():
+        for job in read_json(run.state / JOBS_FILE)["submissions"][-1]["jobs"]:
+            logs.update(Path(p) for p in job["logs"])
+    if role is not None:
+        logs = {p for p in logs if p.stem == role or p.stem.startswith(f"{role}-")
+                or p.stem.endswith(f".{role}")}
+        if not logs:
+            raise UserError(f"no log of {role!r} in {run.root}")
+    return sorted(logs)
+
+
+def show_logs(paths: list[Path], follow: bool = False, poll: float = 0.5) -> None:
+    """Print each log with a `==> path <==` header; with `follow`, keep printing what is
+    appended (and logs that appear) until interrupted."""
+    offsets: dict[Path, int] = {}
+    while True:
+        for path in paths:
+            if not path.exists():
+                continue
+            with path.open("rb") as f:
+                f.seek(offsets.get(path, 0))
+                data = f.read()
+            if data or path not in offsets:
+                if len(paths) > 1:
+                    sys.stdout.write(f"==> {path} <==\n")
+                sys.stdout.write(data.decode(errors="replace"))
+                sys.stdout.flush()
+            offsets[path] = offsets.get(path, 0) + len(data)
+        if not follow:
+            return
+        time.sleep(poll)

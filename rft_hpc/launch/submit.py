@@ -1,0 +1,282 @@
+"""`rft-hpc submit` and `rft-hpc render`: a config becomes a graph of Slurm jobs.
+
+Per stage, an explorer array and a trainer job; between stages a small `prepare` job (it
+finishes the stage before and lays out the next one, which starts from its weights); at the
+end a `finalize` job (summary.json, report.png). Every job is checked with `sbatch
+--test-only` before anything is submitted, so a run is never half-submitted because the
+cluster cannot hold one of its jobs. Submission goes through submitit's Slurm executor, fed
+with our own scripts (the ones `render` writes and `--dry-run` prints).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from rft_hpc.config import ExperimentConfig, load_config
+from rft_hpc.errors import UserError
+from rft_hpc.launch.sbatch import Job, JobContext, helper_job, role_job, submit_script
+from rft_hpc.run.stages import (
+    check_runnable,
+    check_same_config,
+    create_run,
+    prepare_model,
+    prepare_stage,
+    run_root,
+    stage_dir,
+    stage_result,
+    start_weights,
+)
+from rft_hpc.rundir import RunDir, atomic_write_json, atomic_write_text, read_json
+
+JOBS_FILE = "jobs.json"
+"""`<run>/state/jobs.json`: every submission of the run, with its jobs' Slurm ids."""
+
+# Words of Slurm's refusals, and the setting each one points at.
+_HINTS = (("account", "account"), ("partition", "partition"), ("gres", "gpus_per_node"),
+          ("gpu", "gpus_per_node"), ("qos", "qos"), ("time limit", "time"),
+          ("memory", "mem"), ("feature", "constraint"), ("constraint", "constraint"),
+          ("node configuration", "nodes, tasks_per_node, cpus_per_task, mem or gpus_per_node"),
+          ("node count", "nodes"))
+
+
+@dataclass
+class SubmitResult:
+    """What `submit_run` / `render_run` did: the run directory and the jobs."""
+
+    root: Path
+    jobs: list[Job]
+    ids: dict[str, str] = field(default_factory=dict)
+    """Slurm job id of each job name (empty for a dry run or a render)."""
+    finished: bool = False
+    """The run had finished before: nothing to submit."""
+
+
+def submit_run(config_path: Path, overrides: Sequence[str] | None = None,
+               name: str | None = None, dry_run: bool = False) -> SubmitResult:
+    """Validate a config, lay out and freeze its run directory and submit its jobs.
+
+    A run directory that exists with the same config is resumed: finished stages are
+    skipped. `dry_run` renders the scripts and submits (and creates) nothing.
+    """
+    config, run, first = _load(config_path, overrides, name)
+    if first is None:
+        return SubmitResult(run.root, [], finished=True)
+    jobs = plan_jobs(config, run, first, source=str(config_path))
+    if dry_run:
+        return SubmitResult(run.root, jobs)
+    require_slurm()
+    _check_pass_env(config)
+    _refuse_if_queued(run)
+    check_resources(jobs)
+    config, run = create_run(config)
+    _prepare_first(config, run, first)
+    for job in jobs:
+        atomic_write_text(run.jobs / job.file_name, job.script)
+    return SubmitResult(run.root, jobs, _submit_all(run, jobs))
+
+
+def render_run(config_path: Path, out: Path, overrides: Sequence[str] | None = None,
+               name: str | None = None) -> SubmitResult:
+    """Write the run's scripts and a `submit.sh` that sbatches them in order to `out`.
+
+    The run directory is laid out and frozen as `submit` does, so the scripts run as they
+    are; nothing is submitted.
+    """
+    config, run, first = _load(config_path, overrides, name)
+    if first is None:
+        return SubmitResult(run.root, [], finished=True)
+    jobs = plan_jobs(config, run, first, source=str(config_path))
+    config, run = create_run(config)
+    _prepare_first(config, run, first)
+    out.mkdir(parents=True, exist_ok=True)
+    for job in jobs:
+        atomic_write_text(out / job.file_name, job.script)
+    script = out / "submit.sh"
+    atomic_write_text(script, submit_script(jobs, run.root.name, str(config_path)))
+    script.chmod(0o755)
+    return SubmitResult(run.root, jobs)
+
+
+def _load(config_path: Path, overrides: Sequence[str] | None, name: str | None,
+          ) -> tuple[ExperimentConfig, RunDir, int | None]:
+    extra = [f"run.name={name}"] if name is not None else []
+    config = load_config(config_path, [*(overrides or []), *extra])
+    check_runnable(config)
+    run = RunDir(run_root(config))
+    if run.config.exists():  # a finished run must not hide that this config is another one
+        check_same_config(prepare_model(config), run)
+    return config, run, first_unfinished(config, run)
+
+
+def first_unfinished(config: ExperimentConfig, run: RunDir) -> int | None:
+    """Index of the first stage without a result, or None when every stage has one."""
+    for index, (name, _) in enumerate(config.stage_configs()):
+        if stage_result(RunDir(stage_dir(run, index, name))) is None:
+            return index
+    return None
+
+
+def plan_jobs(config: ExperimentConfig, run: RunDir, first: int, *, source: str,
+              cwd: Path | None = None) -> list[Job]:
+    """The jobs of stages `first`.. in submission order, each after the ones it needs."""
+    ctx = JobContext(run, config.launch, (cwd or Path.cwd()).resolve(), source)
+    jobs: list[Job] = []
+    after: tuple[str, ...] = ()
+    for index, (name, stage) in enumerate(config.stage_configs()):
+        if index < first:
+            continue
+        stage_run = RunDir(stage_dir(run, index, name))
+        if index > first:
+            jobs.append(helper_job(ctx, f"{name}.prepare", "prepare", index=index,
+                                   after=after, stage=name))
+            after = (jobs[-1].name,)
+        roles = []
+        if stage.mode in ("both", "explore"):
+            roles.append(role_job(ctx, "explorer", stage_run, name, count=stage.explorer.count,
+                                  threads=stage.explorer.threads, after=after))
+        if stage.mode in ("both", "train"):
+            roles.append(role_job(ctx, "trainer", stage_run, name,
+                                  threads=stage.trainer.threads, after=after))
+        jobs += roles
+        after = tuple(job.name for job in roles)
+    jobs.append(helper_job(ctx, "finalize", "finalize", after=after))
+    return jobs
+
+
+def _prepare_first(config: ExperimentConfig, run: RunDir, first: int) -> None:
+    results = [stage_result(RunDir(stage_dir(run, i, n)))
+               for i, (n, _) in enumerate(config.stage_configs()[:first])]
+    name, stage = config.stage_configs()[first]
+    prepare_stage(stage, stage_dir(run, first, name), start_weights([r for r in results if r]))
+
+
+def require_slurm() -> None:
+    """Refuse, with a pointer to `rft-hpc run`, where Slurm's commands are missing."""
+    missing = [c for c in ("sbatch", "squeue", "scancel", "srun") if shutil.which(c) is None]
+    if missing:
+        raise UserError(f"Slurm's {', '.join(missing)} not found on PATH: submit from a login "
+                        "node of a Slurm cluster, or run the experiment on this machine with "
+                        "`rft-hpc run CONFIG`")
+
+
+def _check_pass_env(config: ExperimentConfig) -> None:
+    slurm = config.launch.slurm
+    for role in ("explorer", "trainer", "helper"):
+        for var in getattr(slurm, role).pass_env:
+            if var not in os.environ:
+                raise UserError(f"launch.slurm.{role}.pass_env: {var} is not set in this "
+                                "environment; export it before `rft-hpc submit`")
+
+
+def check_resources(jobs: list[Job]) -> None:
+    """`sbatch --test-only` every job's script; the first refusal becomes a `UserError`
+    naming the setting Slurm objects to."""
+    for job in jobs:
+        result = subprocess.run(["sbatch", "--test-only"], input=job.script, text=True,
+                                capture_output=True, timeout=120, check=False)
+        if result.returncode != 0:
+            message = "; ".join(line.removeprefix("sbatch: error: ").strip()
+                                for line in result.stderr.splitlines() if line.strip())
+            lower = message.lower()
+            setting = next((f"{job.settings}.{s}" if "," not in s else
+                            f"{job.settings} ({s})" for word, s in _HINTS if word in lower),
+                           job.settings)
+            raise UserError(f"{setting}: Slurm refuses job {job.name}: {message}. "
+                            "Nothing was submitted.")
+
+
+def _refuse_if_queued(run: RunDir) -> None:
+    queued = queued_jobs(latest_ids(run))
+    if queued:
+        raise UserError(f"{run.root} has jobs in the queue ({', '.join(queued)}): see "
+                        "`rft-hpc status`, or stop them with `rft-hpc cancel`")
+
+
+def latest_ids(run: RunDir) -> dict[str, str]:
+    """Job name -> Slurm id of the run's latest submission (empty if never submitted)."""
+    path = run.state / JOBS_FILE
+    if not path.exists():
+        return {}
+    submissions = read_json(path)["submissions"]
+    return {j["name"]: j["id"] for j in submissions[-1]["jobs"]} if submissions else {}
+
+
+def queued_jobs(ids: dict[str, str]) -> list[str]:
+    """The ids among `ids` that squeue still lists (arrays as their tasks, `12_0`)."""
+    if not ids:
+        return []
+    result = subprocess.run(["squeue", "--noheader", "--array", "--format=%i",
+                             f"--jobs={','.join(ids.values())}"],
+                            capture_output=True, text=True, timeout=60, check=False)
+    if result.returncode != 0 and "Invalid job id" not in result.stderr:
+        raise UserError(f"squeue failed: {result.stderr.strip()}")
+    return result.stdout.split()
+
+
+def _submit_all(run: RunDir, jobs: list[Job]) -> dict[str, str]:
+    """Submit in order, recording each id at once; on a failure, cancel those submitted."""
+    path = run.state / JOBS_FILE
+    record = read_json(path) if path.exists() else {"submissions": []}
+    entry: dict[str, Any] = {"time": time.time(), "jobs": []}
+    record["submissions"].append(entry)
+    ids: dict[str, str] = {}
+    executor = _executor(run.jobs / "submitit")
+    for job in jobs:
+        try:
+            ids[job.name] = executor.submit_script(run.jobs / job.file_name,
+                                                   [ids[a] for a in job.after])
+        except UserError:
+            if ids:
+                subprocess.run(["scancel", *ids.values()], capture_output=True, check=False)
+            raise
+        entry["jobs"].append({"name": job.name, "id": ids[job.name], "role": job.role,
+                              "stage": job.stage, "array": job.array, "after": list(job.after),
+                              "logs": [str(p) for p in job.logs]})
+        atomic_write_json(path, record)
+    return ids
+
+
+def _executor(folder: Path) -> Any:
+    import submitit
+    from submitit.core.utils import FailedJobError
+
+    class ScriptExecutor(submitit.SlurmExecutor):
+        """submitit's Slurm executor, submitting a script we wrote rather than its own
+        (which would run a pickled function: the role command would be hidden in it)."""
+
+        def __init__(self, folder: Path) -> None:
+            super().__init__(folder)
+            self.script = ""
+            self.sbatch_args: list[str] = []
+
+        def _make_submission_file_text(self, command: str, uid: str) -> str:
+            return self.script
+
+        def _make_submission_command(self, submission_file_path: Path) -> list[str]:
+            return ["sbatch", *self.sbatch_args, str(submission_file_path)]
+
+        def submit_script(self, path: Path, after: list[str]) -> str:
+            self.script = path.read_text(encoding="utf-8")
+            self.sbatch_args = (["--kill-on-invalid-dep=yes",
+                                 f"--dependency=afterok:{':'.join(after)}"] if after else [])
+            try:
+                return self._submit_command("").job_id
+            except FailedJobError as exc:
+                raise UserError(f"sbatch refused {path.name}: {exc}") from None
+
+    folder.mkdir(parents=True, exist_ok=True)
+    return ScriptExecutor(folder)
+
+
+def submitted_at(run: RunDir) -> float | None:
+    """When the run's latest submission was made (its `jobs.json` entry), if any."""
+    path = run.state / JOBS_FILE
+    submissions = read_json(path)["submissions"] if path.exists() else []
+    return submissions[-1]["time"] if submissions else None

@@ -1,0 +1,324 @@
+"""The trainer on several ranks: real processes, gloo, a file rendezvous, no mocks.
+
+Each rank is a separate Python process started the way a launcher starts one (this file run
+as a script, or `rft-hpc role trainer`), with RANK / WORLD_SIZE / LOCAL_RANK and
+RFT_DIST_INIT_FILE in its environment.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import yaml
+
+from rft_hpc.buffer.reader import Batch
+from rft_hpc.buffer.records import Experience, SFTSample
+from rft_hpc.trainer.distributed import (
+    ENV_BACKEND,
+    ENV_INIT_FILE,
+    Launch,
+    launch_from_env,
+    loss_tokens,
+    shard_batch,
+)
+
+ROOT = Path(__file__).resolve().parents[1]
+DIST_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", ENV_INIT_FILE,
+             "SLURM_PROCID", "SLURM_NTASKS", "SLURM_STEP_NUM_TASKS", "SLURM_LOCALID",
+             "SLURM_RESTART_COUNT")
+
+
+def rank_env(rank: int, world: int, init_file: Path | None) -> dict[str, str]:
+    """The environment of one rank (a world of 1: no distributed variables at all)."""
+    env = {k: v for k, v in os.environ.items() if k not in DIST_VARS}
+    env.update(PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1", **{ENV_BACKEND: "gloo"})
+    if world > 1:
+        assert init_file is not None
+        env.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank),
+                   **{ENV_INIT_FILE: str(init_file)})
+    return env
+
+
+def start_ranks(args: list[str], world: int, init_file: Path | None) -> list[subprocess.Popen]:
+    return [subprocess.Popen(args, cwd=ROOT, env=rank_env(r, world, init_file), text=True,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+            for r in range(world)]
+
+
+def finish(procs: list[subprocess.Popen], timeout: float = 300) -> list[tuple[int, str]]:
+    out = []
+    for p in procs:
+        try:
+            _, err = p.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            for q in procs:
+                q.kill()
+            raise
+        out.append((p.returncode, err))
+    return out
+
+
+def write_config(path: Path, model: Path, **sections: dict) -> Path:
+    data = {"run": {"root": str(path.parent), "seed": 0}, "model": {"path": str(model)},
+            "explorer": {"temperature": 1.0}, **sections}
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+# -- one step on a fixed batch ---------------------------------------------------------------
+
+def fixed_batch(algorithm: str) -> Batch:
+    """Eight records of different lengths (tiny vocabulary: ids 4..19)."""
+    rng = np.random.default_rng(0)
+    records: list = []
+    for i in range(8):
+        n = int(rng.integers(7, 16))
+        tokens = rng.integers(4, 20, n)
+        if algorithm == "sft":
+            records.append(SFTSample(tokens, prompt_length=3))
+            continue
+        logprobs = (-3.0 + rng.normal(0, 0.3, n)).astype(np.float32)
+        records.append(Experience(tokens, prompt_length=3, reward=float(rng.integers(0, 3)) / 2,
+                                  group_id=7 if i < 4 else 9,
+                                  logprobs=None if i == 5 else logprobs))  # 5: imported
+    weights = [1.0] * 7 + [0.5]
+    return Batch(records=records, weights=weights, uses=[0] * 8)
+
+
+def step_worker(config_path: str, algorithm: str, out: str) -> None:
+    """One rank of `test_one_step_on_two_ranks_matches_one_process` (run as a script)."""
+    from rft_hpc.config import load_config
+    from rft_hpc.trainer.distributed import init_distributed, shutdown
+    from rft_hpc.trainer.role import Trainer
+
+    torch.set_num_threads(1)
+    ctx = init_distributed()
+    trainer = Trainer(load_config(Path(config_path)), ctx)
+    values = trainer.step(fixed_batch(algorithm) if ctx.is_main else None)
+    torch.save({"params": {k: p.detach().clone() for k, p in trainer.model.named_parameters()},
+                "grads": {k: p.grad.clone() for k, p in trainer.model.named_parameters()},
+                "values": values}, Path(out) / f"rank{ctx.rank}-of-{ctx.world_size}.pt")
+    shutdown()
+
+
+def max_differences(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> tuple[float,
+                                                                                      float]:
+    """Largest absolute and relative (to max |a|) difference over all tensors."""
+    diff = max(float((a[k] - b[k]).abs().max()) for k in a)
+    rel = max(float((a[k] - b[k]).abs().max() / a[k].abs().max().clamp(min=1e-30)) for k in a)
+    return diff, rel
+
+
+@pytest.mark.parametrize("algorithm", ["grpo", "sft"])
+def test_one_step_on_two_ranks_matches_one_process(tmp_path, tiny_model, algorithm):
+    trainer = {"algorithm": algorithm, "lr": 1e-3, "batch_size": 8, "grad_clip": 1.0,
+               "kl_coef": 0.05 if algorithm == "grpo" else 0.0, "weight_decay": 0.01}
+    config = write_config(tmp_path / "config.yaml", tiny_model, trainer=trainer)
+    args = [sys.executable, __file__, "step", str(config), algorithm, str(tmp_path)]
+    results = finish(start_ranks(args, 1, None) + start_ranks(args, 2, tmp_path / "rdzv"))
+    assert all(rc == 0 for rc, _ in results), [err[-2000:] for _, err in results]
+
+    one = torch.load(tmp_path / "rank0-of-1.pt")
+    two = [torch.load(tmp_path / f"rank{r}-of-2.pt") for r in range(2)]
+    for key in ("params", "grads"):  # the replicas are bitwise identical
+        assert all(torch.equal(two[0][key][k], two[1][key][k]) for k in two[0][key])
+    grad_abs, grad_rel = max_differences(one["grads"], two[0]["grads"])
+    weight_abs, weight_rel = max_differences(one["params"], two[0]["params"])
+    clear = max(float((one["params"][k] - two[0]["params"][k]).abs()[g.abs() >= 1e-6].max())
+                for k, g in one["grads"].items() if bool((g.abs() >= 1e-6).any()))
+    print(f"{algorithm}: 1 vs 2 ranks: max |grad diff| {grad_abs:.3g} (rel {grad_rel:.3g}), "
+          f"max |weight diff| {weight_abs:.3g} (rel {weight_rel:.3g}), "
+          f"{clear:.3g} where |grad| >= 1e-6")
+    lr, eps = trainer["lr"], 1e-8  # AdamW's default eps
+    for k, p in one["params"].items():
+        g1, g2, p2 = one["grads"][k], two[0]["grads"][k], two[0]["params"][k]
+        # the gradient (summed over the ranks, clipped) is that of the whole batch
+        assert float((g2 - g1).abs().max()) <= 2e-6 * float(g1.abs().max()), k
+        # AdamW's first step moves each weight by lr * g / (|g| + eps) (+ decay): float noise
+        # in g moves it by at most lr * |dg| / eps, which matters only where |g| ~ eps
+        bound = 1e-7 + 1e-6 * p.abs() + lr * (g2 - g1).abs() / eps
+        assert bool(((p2 - p).abs() <= bound).all()), k
+        clear_grad = g1.abs() >= 1e-6
+        torch.testing.assert_close(p2[clear_grad], p[clear_grad], rtol=1e-6, atol=1e-7, msg=k)
+    v1, v2 = one["values"], two[0]["values"]
+    assert list(v1) == list(v2)  # the same metrics, in the same order
+    assert v1["tokens"] == v2["tokens"] == loss_tokens(fixed_batch(algorithm).records)
+    for key in v1:
+        assert v2[key] == pytest.approx(v1[key], rel=1e-5, abs=1e-7), key
+    if algorithm == "grpo":
+        assert v1["unknown_logprob_records"] == 1.0 and "kl_ref" in v1
+
+
+def test_shards_cover_the_batch_with_whole_batch_advantages():
+    batch = fixed_batch("grpo")
+    shards = shard_batch(batch, 3, advantages=True)
+    assert [len(s.records) for s in shards] == [2, 3, 3]
+    assert [r for s in shards for r in s.records] == batch.records
+    adv = torch.cat([s.advantages for s in shards])
+    alone = shard_batch(batch, 1, advantages=True)[0].advantages
+    assert torch.equal(adv, alone) and adv[7] != 0  # group 9 spans two shards
+    assert {s.num_tokens for s in shards} == {loss_tokens(batch.records)}
+    tiny = Batch(records=batch.records[:1], weights=[1.0], uses=[0])
+    assert [len(s.records) for s in shard_batch(tiny, 2, advantages=True)] == [0, 1]
+
+
+# -- the whole role ------------------------------------------------------------------------
+
+def sft_stage(tmp_path: Path, model: Path, name: str, **trainer) -> Path:
+    """An offline SFT stage directory, prepared as `rft-hpc run` prepares one."""
+    from rft_hpc.config import load_config
+    from rft_hpc.run.stages import prepare_model, prepare_stage
+
+    settings = {"algorithm": "sft", "lr": 3e-4, "batch_size": 16, "steps": 4,
+                "save_interval": 2, **trainer}
+    path = write_config(tmp_path / f"{name}.yaml", model, mode="train",
+                        data={"source": "tasks"}, trainer=settings,
+                        tasks={"type": "arithmetic", "digits": 1, "eval_size": 8},
+                        eval={"interval": 2, "max_new_tokens": 3})
+    config = prepare_model(load_config(path))
+    folder = tmp_path / name
+    prepare_stage(config, folder, None)
+    return folder
+
+
+def trainer_command(stage: Path) -> list[str]:
+    return [sys.executable, "-m", "rft_hpc.cli", "role", "trainer", str(stage)]
+
+
+def test_run_trainer_on_two_ranks(tmp_path, tiny_model):
+    from rft_hpc.monitor.metrics import read_metrics
+    from rft_hpc.sync.checkpoint import latest_weights_version, load_weights
+
+    stage = sft_stage(tmp_path, tiny_model, "two")
+    alone = sft_stage(tmp_path, tiny_model, "one")
+    procs = start_ranks(trainer_command(stage), 2, stage / "state" / "dist-1")
+    procs += start_ranks(trainer_command(alone), 1, None)
+    results = finish(procs)
+    assert all(rc == 0 for rc, _ in results), [err[-3000:] for _, err in results]
+
+    rows = read_metrics(stage / "metrics" / "trainer.jsonl")
+    assert [r["step"] for r in rows if "loss" in r] == [1, 2, 3, 4]  # one writer: rank 0
+    assert [r["step"] for r in rows if r.get("eval_accuracy") is not None] == [0, 2, 4]
+    assert (stage / "ckpt" / "LATEST").read_text().strip() == "trainer/step-000004"
+    heartbeat = json.loads((stage / "state" / "trainer.json").read_text())
+    assert heartbeat["status"] == "done" and heartbeat["pid"] == procs[0].pid
+    assert latest_weights_version(stage / "weights") == 4
+
+    two = load_weights(stage / "weights", 4)
+    one = load_weights(alone / "weights", 4)
+    diff, rel = max_differences(one, two)
+    print(f"run_trainer, 4 SFT steps, 1 vs 2 ranks: max |weight diff| {diff:.3g} "
+          f"(rel {rel:.3g})")
+    for k in one:
+        torch.testing.assert_close(two[k], one[k], rtol=1e-5, atol=1e-6, msg=k)
+    losses = [[r["loss"] for r in read_metrics(s / "metrics" / "trainer.jsonl") if "loss" in r]
+              for s in (alone, stage)]
+    assert losses[1] == pytest.approx(losses[0], rel=1e-5)
+
+
+def wait_for_step(stage: Path, step: int, timeout: float = 120) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if json.loads((stage / "state" / "trainer.json").read_text())["step"] >= step:
+                return
+        except (OSError, ValueError, KeyError):
+            pass
+        time.sleep(0.1)
+    raise AssertionError(f"the trainer never reached step {step}")
+
+
+def test_a_stop_signal_to_rank_0_stops_every_rank_after_a_save(tmp_path, tiny_model):
+    stage = sft_stage(tmp_path, tiny_model, "stop", steps=10_000, save_interval=10_000,
+                      batch_size=4)
+    procs = start_ranks(trainer_command(stage), 2, stage / "state" / "dist-1")
+    wait_for_step(stage, 2)
+    procs[0].send_signal(signal.SIGUSR2)  # Slurm's warning, to rank 0 only
+    results = finish(procs, timeout=120)
+    assert all(rc == 0 for rc, _ in results), [err[-3000:] for _, err in results]
+    heartbeat = json.loads((stage / "state" / "trainer.json").read_text())
+    assert heartbeat["status"] == "stopped" and heartbeat["step"] >= 2
+    saved = (stage / "ckpt" / "LATEST").read_text().strip()
+    assert saved == f"trainer/step-{heartbeat['step']:06d}"
+
+
+def test_a_rank_killed_mid_run_does_not_hang_the_other(tmp_path, tiny_model):
+    stage = sft_stage(tmp_path, tiny_model, "kill", steps=10_000, save_interval=10_000,
+                      batch_size=4)
+    procs = start_ranks(trainer_command(stage), 2, stage / "state" / "dist-1")
+    wait_for_step(stage, 2)
+    procs[0].kill()
+    t0 = time.monotonic()
+    rc, _ = finish(procs[1:], timeout=60)[0]
+    print(f"rank 1 exited {time.monotonic() - t0:.1f} s after rank 0 was killed")
+    assert rc != 0
+    procs[0].wait()
+
+
+def test_followers_outwait_the_timeout_while_rank_0_waits_for_data(tmp_path, tiny_model):
+    """No data for longer than the collective timeout: keepalives hold the ranks together;
+    when the explorers are done and nothing came, every rank stops cleanly."""
+    from rft_hpc.config import load_config
+    from rft_hpc.run.stages import prepare_model, prepare_stage
+
+    path = write_config(tmp_path / "wait.yaml", tiny_model, mode="both",
+                        trainer={"batch_size": 4, "steps": 3},
+                        buffer={"poll_interval": 0.05},
+                        tasks={"type": "arithmetic", "digits": 1, "eval_size": 4})
+    stage = tmp_path / "wait"
+    prepare_stage(prepare_model(load_config(path)), stage, None)
+    env_timeout = {"RFT_DIST_TIMEOUT": "3"}
+    procs = [subprocess.Popen(trainer_command(stage), cwd=ROOT, text=True,
+                              env={**rank_env(r, 2, stage / "state" / "dist-1"), **env_timeout},
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+             for r in range(2)]
+    metrics = stage / "metrics" / "trainer.jsonl"
+    deadline = time.monotonic() + 120
+    while not (metrics.exists() and metrics.read_text()):  # step-0 eval: the loop starts
+        assert time.monotonic() < deadline and [p.poll() for p in procs] == [None, None]
+        time.sleep(0.1)
+    time.sleep(10)  # over three timeouts: a rank left in one collective that long would fail
+    if [p.poll() for p in procs] != [None, None]:
+        for p in procs:
+            p.kill()
+        pytest.fail(f"a rank exited while rank 0 waited for data: "
+                    f"{[err[-1500:] for _, err in finish(procs)]}")
+    (stage / "state" / "explorer-0.json").write_text(json.dumps({"status": "done"}))
+    results = finish(procs, timeout=60)
+    assert all(rc == 0 for rc, _ in results), [err[-3000:] for _, err in results]
+    heartbeat = json.loads((stage / "state" / "trainer.json").read_text())
+    assert heartbeat["status"] == "done" and heartbeat["step"] == 0
+
+
+def test_launch_from_the_environment(tmp_path):
+    assert launch_from_env({}) == Launch(0, 1, 0, None)
+    assert launch_from_env({"SLURM_PROCID": "1", "SLURM_NTASKS": "4"}) == Launch(0, 1, 0, None)
+    rdzv = tmp_path / "dist-7"
+    slurm = {"SLURM_PROCID": "3", "SLURM_NTASKS": "4", "SLURM_LOCALID": "1",
+             ENV_INIT_FILE: str(rdzv)}
+    assert launch_from_env(slurm) == Launch(3, 4, 1, f"file://{rdzv}")
+    assert launch_from_env({**slurm, "SLURM_RESTART_COUNT": "2"}).init_method \
+        == f"file://{rdzv}.r2"
+    torchrun = {"RANK": "2", "WORLD_SIZE": "4", "LOCAL_RANK": "0", "MASTER_ADDR": "10.0.0.1",
+                "MASTER_PORT": "29500", **slurm}
+    assert launch_from_env(torchrun) == Launch(2, 4, 0, f"file://{rdzv}")
+    del torchrun[ENV_INIT_FILE]
+    assert launch_from_env(torchrun).init_method == "env://"
+    assert launch_from_env({"WORLD_SIZE": "1"}) == Launch(0, 1, 0, None)
+    with pytest.raises(ValueError, match="no rendezvous"):
+        launch_from_env({"RANK": "0", "WORLD_SIZE": "2"})
+    with pytest.raises(ValueError, match="RANK"):
+        launch_from_env({"WORLD_SIZE": "2", ENV_INIT_FILE: str(rdzv)})
+
+
+if __name__ == "__main__" and sys.argv[1] == "step":
+    step_worker(*sys.argv[2:])
