@@ -297,7 +297,12 @@ class Segment:
             kwargs[name] = lists[name][i]
         for name in schema.strings:
             kwargs[name] = _info_dict(cols[name][i]) if name == "info" else cols[name][i]
-        return RECORD_TYPES[self.kind](**kwargs)
+        # The segment was checked as a whole when read (`_check_records`): build the record
+        # without re-validating each field.
+        record = object.__new__(RECORD_TYPES[self.kind])
+        for name, value in kwargs.items():
+            object.__setattr__(record, name, value)
+        return record
 
     def _make_lists(self) -> dict[str, list[Any]]:
         """Offsets and number columns as Python lists, converted once for `record`."""
@@ -385,7 +390,19 @@ def _read_columns(f: h5py.File, schema: KindSchema, n: int,
             cols[name] = _read_numeric(f, name, dtype, n)
     for name in schema.strings:
         cols[name] = _read_strings(f, name, n)
+    if fields is None:
+        _check_records(schema, cols)
     return cols
+
+
+def _check_records(schema: KindSchema, cols: dict[str, Any]) -> None:
+    """What each record's constructor would check, for all records at once: every prompt
+    fits in its sequences (the offsets were checked, so token-aligned columns match)."""
+    prompt = cols["prompt_length"]
+    for g in schema.groups:
+        lengths = np.diff(cols[g.offsets])
+        if np.any(prompt < 0) or np.any(prompt > lengths):
+            raise ValueError(f"a prompt_length lies outside its record ({g.offsets})")
 
 
 def _stored_crc(ds: h5d.DatasetID) -> int:
