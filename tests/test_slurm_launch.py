@@ -154,6 +154,8 @@ def test_resources_the_cluster_lacks_are_refused_before_submitting(
      "RFT_UNSET_TOKEN is not set in this environment"),
     (["--set", "run.root=/proc/rft-hpc-runs"], {}, "cannot create the run directory"),
     ([], {"PATH": "/nonexistent"}, "rft-hpc run CONFIG"),
+    (["--set", "model.path=/nonexistent/model", "--set", "model.init=null"], {},
+     "model folder '/nonexistent/model' does not exist"),
 ])
 def test_bad_input_is_refused_with_a_clear_message(
         slurm_env: dict[str, str], tmp_path: Path, tiny_model: Path, args: list[str],
