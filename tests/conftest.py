@@ -50,3 +50,16 @@ def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from rft_hpc.models.tiny import init_tiny_model
 
     return init_tiny_model(tmp_path_factory.mktemp("tiny-model"))
+
+
+@pytest.fixture(scope="session")
+def slurm_env() -> dict[str, str]:
+    """The clients' environment of the running local Slurm cluster (started if needed;
+    stopped when the last test session that started it ends, see tests/slurm_cluster.py)."""
+    from slurm_cluster import ClusterError, ensure_cluster
+
+    try:
+        return ensure_cluster()
+    except ClusterError as exc:
+        error = str(exc)
+    pytest.fail(error, pytrace=False)  # outside "except": no chained traceback

@@ -7,18 +7,10 @@ cluster; when the last of them exits, a cluster that a test session started is s
 ``RFT_SLURM_KEEP=1`` to keep it for the next run), while one started by hand is left
 running. A cluster that cannot start is an error, never a skip.
 
-Usage in a test module::
+Usage in a test module (the session fixture `slurm_env` in conftest.py calls
+`ensure_cluster`)::
 
-    import pytest
-    from slurm_cluster import ClusterError, ensure_cluster, sbatch, wait_for_states
-
-    @pytest.fixture(scope="module")
-    def slurm_env() -> dict[str, str]:
-        try:
-            return ensure_cluster()
-        except ClusterError as exc:
-            error = str(exc)
-        pytest.fail(error, pytrace=False)  # outside "except": no chained traceback
+    from slurm_cluster import sbatch, wait_for_states
 
     def test_job(slurm_env, tmp_path):
         job = sbatch(["--wrap", "true"], slurm_env, cwd=tmp_path)

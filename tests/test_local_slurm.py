@@ -19,23 +19,11 @@ import pytest
 import submitit
 from slurm_cluster import (
     SCRIPT,
-    ClusterError,
-    ensure_cluster,
     queued,
     sbatch,
     slurm,
     wait_for_states,
 )
-
-
-@pytest.fixture(scope="session")
-def slurm_env() -> dict[str, str]:
-    """The clients' environment of the running local cluster (started if needed)."""
-    try:
-        return ensure_cluster()
-    except ClusterError as exc:
-        error = str(exc)
-    pytest.fail(error, pytrace=False)  # outside "except": no chained traceback
 
 
 @pytest.fixture

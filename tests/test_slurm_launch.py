@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 
 import pytest
-from slurm_cluster import ClusterError, ensure_cluster, slurm, wait_for_states
+from slurm_cluster import slurm, wait_for_states
 from test_experiment_run import DEMO, short
 
 from rft_hpc.launch import config as launch_config
@@ -27,16 +27,6 @@ from rft_hpc.launch import config as launch_config
 ROOT = Path(__file__).resolve().parents[1]
 GOLDEN = Path(__file__).resolve().parent / "golden"
 SUMMARY_KEYS = {"summary_version", "run", "eval", "trainer", "explorer", "seconds", "stages"}
-
-
-@pytest.fixture(scope="session")
-def slurm_env() -> dict[str, str]:
-    """The clients' environment of the running local cluster (started if needed)."""
-    try:
-        return ensure_cluster()
-    except ClusterError as exc:
-        error = str(exc)
-    pytest.fail(error, pytrace=False)  # outside "except": no chained traceback
 
 
 def rft(env: dict[str, str], *args: object, timeout: float = 180,
