@@ -8,7 +8,6 @@ offline data, and each finished stage's result.
 from __future__ import annotations
 
 import grp
-import json
 import os
 import stat
 from collections.abc import Callable, Sequence
@@ -230,7 +229,3 @@ def prepare_next_stage(run: RunDir, index: int, seconds: StageSeconds) -> RunDir
     name, stage = config.stage_configs()[index]
     return prepare_stage(stage, stage_dir(run, index, name), start_weights(results))
 
-
-def dump(obj: object) -> str:
-    """JSON for small records written by the runner."""
-    return json.dumps(obj, indent=2, sort_keys=True)
