@@ -37,31 +37,6 @@ _T_CRC = h5t.py_create(np.dtype("<u4"))
 _JSON = json.JSONEncoder(separators=(",", ":"), sort_keys=True, ensure_ascii=True)
 
 
-def _make_info_encoder() -> Any:
-    """`_JSON.encode` without its per-call set-up: one C encoder, made once.
-
-    Same output as `json.dumps(info, separators=(",", ":"), sort_keys=True)`; falls back on
-    `_JSON.encode` where the C accelerator is missing.
-    """
-    make = getattr(json.encoder, "c_make_encoder", None)
-    if make is None:
-        return _JSON.encode
-    try:
-        enc = make(None, _JSON.default, json.encoder.encode_basestring_ascii, None, ":", ",",
-                   True, False, True)
-
-        def encode(obj: Any) -> str:
-            return "".join(enc(obj, 0))
-
-        probe = {"b": [1.5, float("nan"), None], "a": "é"}
-        if encode(probe) != _JSON.encode(probe):
-            return _JSON.encode
-    except Exception:
-        return _JSON.encode
-    return encode
-
-
-_encode_info = _make_info_encoder()
 _decode_json = json.JSONDecoder().raw_decode  # no whitespace scan: the writer adds none
 
 
@@ -158,7 +133,7 @@ def _pack_strings(name: str, values: Sequence[str]) -> np.ndarray:
 
 
 def _info_json(info: dict[str, Any]) -> str:
-    return _encode_info(info) if info else "{}"
+    return _JSON.encode(info) if info else "{}"
 
 
 def _scalar_columns(schema: KindSchema, records: Sequence[Record]) -> dict[str, np.ndarray]:

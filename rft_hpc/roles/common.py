@@ -11,15 +11,13 @@ from typing import Any
 import yaml
 
 from rft_hpc.config import ExperimentConfig, load_config
-from rft_hpc.rundir import RunDir, atomic_write_json
+from rft_hpc.rundir import RunDir, atomic_write_json, atomic_write_text
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR2)
 
 
 def freeze_config(config: ExperimentConfig, path: Path) -> None:
     """Write the resolved config that the roles of a stage read."""
-    from rft_hpc.rundir import atomic_write_text
-
     data = config.model_dump(mode="json", exclude={"stages"})
     atomic_write_text(path, yaml.safe_dump(data, sort_keys=False))
 
