@@ -164,6 +164,10 @@ class RunDir:
     def jobs(self) -> Path:
         return self.root / "jobs"
 
+    @property
+    def eval(self) -> Path:
+        return self.root / "eval"
+
     def create(self) -> RunDir:
         """Create the folders of the layout (idempotent) and record the layout version."""
         for folder in (self.buffer, self.weights, self.ckpt, self.state, self.metrics, self.jobs):

@@ -11,6 +11,7 @@ from rft_hpc.engines.hf import HFEngine
 from rft_hpc.errors import UserError
 from rft_hpc.explorer.role import required_version
 from rft_hpc.explorer.workflow import SamplingSettings, explore_tasks
+from rft_hpc.run.stages import create_run
 from rft_hpc.tasks.arithmetic import arithmetic_tasks
 from rft_hpc.tasks.rewards import resolve_reward
 from rft_hpc.tasks.stream import TaskStream
@@ -120,6 +121,35 @@ stages:
     assert (s0.trainer.steps, s0.trainer.clip_ratio) == (100, 0.3)
     assert s0.buffer.max_uses == 4 and s0.buffer.sampler.type == "priority"
     assert (n1, s1.mode, s1.trainer.lr, s1.buffer.max_uses) == ("rl", "both", 1e-5, 1)
+
+
+def test_the_frozen_run_config_gives_the_same_stages_as_the_file(tmp_path, tiny_model):
+    # a later job (the `prepare` between stages) reads the stages from the frozen copy
+    cfg = load_config(_write(tmp_path, f"""
+run: {{root: {tmp_path}}}
+model: {{path: {tiny_model}}}
+trainer: {{lr: 1.0e-5, steps: 100}}
+eval: {{interval: 3, max_new_tokens: 5}}
+stages:
+  - name: warmup
+    trainer: {{steps: 8}}
+  - name: rl
+    eval: {{evaluator: true}}
+"""))
+    _, run = create_run(cfg)
+    frozen = load_config(run.config)
+    assert [s.model_dump() for _, s in frozen.stage_configs()] == [
+        s.model_dump() for _, s in cfg.stage_configs()]
+    rl = frozen.stage_configs()[1][1]
+    assert (rl.eval.interval, rl.eval.max_new_tokens, rl.eval.evaluator) == (3, 5, True)
+
+
+def test_the_evaluator_scores_the_start_every_nth_and_the_last_weights():
+    from rft_hpc.config.schema import EvalConfig
+
+    assert EvalConfig(every=0).scored_versions(7) == [0, 7]
+    assert EvalConfig(every=3).scored_versions(7) == [0, 3, 6, 7]
+    assert EvalConfig(every=3).scored_versions(6) == [0, 3, 6]
 
 
 def test_a_stage_key_typo_is_reported_with_its_path(tmp_path):

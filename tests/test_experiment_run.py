@@ -36,9 +36,12 @@ def rollouts(stage):
     return [r for _, p in iter_segments(stage / "buffer") for r in read_segment(p).records()]
 
 
+EVALUATOR = ("--set", "stages.1.eval.evaluator=true", "--set", "stages.1.eval.every=3")
+
+
 def test_a_short_on_policy_run_writes_summary_metrics_and_report(tmp_path, tiny_model):
-    result = rft("run", DEMO, *short(tmp_path, tiny_model, "--set", "sync.offset=0"),
-                 timeout=600)
+    result = rft("run", DEMO, *short(tmp_path, tiny_model, "--set", "sync.offset=0",
+                                     *EVALUATOR), timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
     run = tmp_path / "demo"
     summary = json.loads((run / "summary.json").read_text())
@@ -61,12 +64,28 @@ def test_a_short_on_policy_run_writes_summary_metrics_and_report(tmp_path, tiny_
     assert evals == [0, 3, 6]
     assert list((grpo / "metrics" / "tb" / "trainer").glob("events.out.tfevents.*"))
     assert sorted(p.name for p in (grpo / "weights").iterdir())[-1] == "v000006"
+    # the evaluator scored versions 0, 3 and 6 (v3 kept from pruning for it) exactly as the
+    # trainer's own greedy evaluation of the same weights did
+    assert (grpo / "weights" / "v000003").is_dir()
+    assert scores_match_trainer(summary, grpo, [0, 3, 6])
 
-    again = rft("run", DEMO, *short(tmp_path, tiny_model, "--set", "sync.offset=0"),
-                timeout=120)
+    again = rft("run", DEMO, *short(tmp_path, tiny_model, "--set", "sync.offset=0",
+                                    *EVALUATOR), timeout=120)
     assert again.returncode == 0 and "held-out accuracy" in again.stdout  # finished: no-op
     other = rft("run", DEMO, *short(tmp_path, tiny_model, "--set", "sync.offset=1"))
     assert other.returncode != 0 and "different config" in other.stderr
+
+
+def scores_match_trainer(summary, stage, versions):
+    """The evaluator's scores in summary.json are the trainer's evaluations at the same
+    steps (same weights, same greedy decoding of the same eval tasks)."""
+    scores = {r["version"]: r["accuracy"] for r in summary["evaluator"]}
+    evals = {r["step"]: r["eval_accuracy"] for r in read_metrics(stage / "metrics" /
+                                                                 "trainer.jsonl")
+             if r.get("eval_accuracy") is not None}
+    assert sorted(scores) == versions, summary["evaluator"]
+    assert scores == {v: evals[v] for v in versions}, (scores, evals)
+    return True
 
 
 def test_async_offset_bounds_the_policy_lag(tmp_path, tiny_model):

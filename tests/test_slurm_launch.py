@@ -20,13 +20,14 @@ from pathlib import Path
 
 import pytest
 from slurm_cluster import slurm, wait_for_states
-from test_experiment_run import DEMO, short
+from test_experiment_run import DEMO, EVALUATOR, scores_match_trainer, short
 
 from rft_hpc.launch import config as launch_config
 
 ROOT = Path(__file__).resolve().parents[1]
 GOLDEN = Path(__file__).resolve().parent / "golden"
-SUMMARY_KEYS = {"summary_version", "run", "eval", "trainer", "explorer", "seconds", "stages"}
+SUMMARY_KEYS = {"summary_version", "run", "eval", "trainer", "explorer", "seconds", "stages",
+                "evaluator"}
 
 
 def rft(env: dict[str, str], *args: object, timeout: float = 180,
@@ -85,6 +86,8 @@ GOLDEN_SETTINGS = [
     "env: {HF_HOME: /scratch/hf}, pass_env: [WANDB_API_KEY], "
     "container: {image: /images/rft.sif, binds: [/scratch]}, extra: {reservation: big}}",
     "launch.slurm.helper.partition=cpu",
+    "stages.1.eval={evaluator: true, every: 50}",
+    "launch.slurm.evaluator={partition: gpu, gpus_per_node: 1, time: '00:30:00'}",
 ]
 
 
@@ -95,8 +98,9 @@ def test_rendered_scripts_match_the_golden_files(tmp_path: Path, tiny_model: Pat
                  f"model.path={tiny_model}", *sets, "--name", "golden", "--out", out)
     assert result.returncode == 0, result.stderr
     rendered = sorted(p.name for p in out.iterdir())
-    assert rendered == ["finalize.sbatch", "grpo.explorer.sbatch", "grpo.prepare.sbatch",
-                        "grpo.trainer.sbatch", "sft.trainer.sbatch", "submit.sh"]
+    assert rendered == ["finalize.sbatch", "grpo.evaluator.sbatch", "grpo.explorer.sbatch",
+                        "grpo.prepare.sbatch", "grpo.trainer.sbatch", "sft.trainer.sbatch",
+                        "submit.sh"]
     for name in rendered:
         text = (out / name).read_text().replace(str(tmp_path), "<RUNS>").replace(
             str(ROOT), "<CWD>")
@@ -162,7 +166,7 @@ def test_submit_runs_the_demo_to_completion_like_a_local_run(
     args = short(tmp_path, tiny_model, "--set", "launch.slurm.trainer.nodes=2",
                  "--set", "launch.slurm.trainer.pass_env=[RFT_TEST_TOKEN]",
                  "--set", """launch.slurm.trainer.setup=['echo "token of ${#RFT_TEST_TOKEN}"']""",
-                 "--set", "launch.umask='0027'", "--set", "launch.group=daemon")
+                 "--set", "launch.umask='0027'", "--set", "launch.group=daemon", *EVALUATOR)
     start = time.monotonic()
     result = rft(slurm_env, "submit", DEMO, *args, "--name", name, RFT_TEST_TOKEN=token)
     assert result.returncode == 0, result.stderr
@@ -176,7 +180,8 @@ def test_submit_runs_the_demo_to_completion_like_a_local_run(
     out, err = watch.communicate(timeout=60)  # --watch ends by itself when the run does
     assert watch.returncode == 0 and ": done" in out and "restarts" in out, err
     assert [j["name"] for j in seen[0]["jobs"]] == [
-        "sft.trainer", "grpo.prepare", "grpo.explorer", "grpo.trainer", "finalize"]
+        "sft.trainer", "grpo.prepare", "grpo.explorer", "grpo.trainer", "grpo.evaluator",
+        "finalize"]
     assert any(j["state"] == "RUNNING" for info in seen for j in info["jobs"])
     assert all(j["state"] == "COMPLETED" for j in final["jobs"])
     assert set(final["jobs"][2]["tasks"]) == {f"{final['jobs'][2]['id']}_{i}" for i in (0, 1)}
@@ -198,6 +203,8 @@ def test_submit_runs_the_demo_to_completion_like_a_local_run(
     assert all(s["seconds"] > 0 for s in summary["stages"])
     assert (run / "report.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert jobs_in_queue(slurm_env, name) == []
+    assert set(final["jobs"][4]["tasks"]) == {f"{final['jobs'][4]['id']}_{i}" for i in (0, 1, 2)}
+    assert scores_match_trainer(summary, run / "stages" / "1-grpo", [0, 3, 6])
 
     logs = rft(slurm_env, "logs", run, "trainer")
     assert logs.returncode == 0 and logs.stdout.count("exit status 0") == 2

@@ -85,6 +85,19 @@ def role_trainer(stage: Path = typer.Argument(..., help="Stage directory.")) -> 
     run_trainer(stage)
 
 
+@role_app.command("evaluator")
+def role_evaluator(
+    stage: Path = typer.Argument(..., help="Stage directory."),
+    index: int = typer.Option(0, "--index", help="Evaluator task (Slurm array task id)."),
+) -> None:
+    """Score weights version INDEX of a finished stage (see eval.every)."""
+    from rft_hpc.eval.evaluator import run_evaluator
+
+    result = run_evaluator(stage, index)
+    console.print(f"weights v{result['version']}: {result['metric']} "
+                  f"{_pct(result['accuracy'])} on {result['tasks']} tasks")
+
+
 @role_app.command("prepare")
 def role_prepare(
     run: Path = typer.Argument(..., help="Run directory."),

@@ -177,6 +177,22 @@ class EvalConfig(_Section):
     batch_size: int = Field(512, ge=1)
     """Evaluation prompts generated together."""
 
+    evaluator: bool = False
+    """Also score the stage's weights with the evaluator role once its trainer has finished:
+    `rft-hpc submit` runs it as a Slurm job array (`launch.slurm.evaluator`, one array task
+    per weights version, after the trainer succeeded), `rft-hpc run` as local processes.
+    Results land in the stage's `eval/` folder and in summary.json."""
+
+    every: int = Field(0, ge=0)
+    """Trainer steps between the weights versions the evaluator scores, besides the starting
+    weights (version 0) and the last version; the trainer publishes these versions and keeps
+    them from pruning. 0: the starting and the last weights only."""
+
+    def scored_versions(self, trainer_steps: int) -> list[int]:
+        """Weights versions the evaluator scores, in order (array task i scores entry i)."""
+        middle = range(self.every, trainer_steps, self.every) if self.every else []
+        return sorted({0, *middle, trainer_steps})
+
 
 class DataConfig(_Section):
     """Offline data imported into the buffer before a `train` stage starts."""

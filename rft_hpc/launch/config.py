@@ -202,7 +202,8 @@ class SlurmConfig(_Section):
     """The trainer job: nodes x tasks_per_node ranks, started by srun."""
 
     evaluator: SlurmRoleConfig = Field(default_factory=SlurmRoleConfig)
-    """The evaluator array (checkpoint x benchmark), once evaluation jobs exist."""
+    """The evaluator array of each stage with `eval.evaluator` (one array task per weights
+    version scored), started once the stage's trainer succeeded."""
 
     helper: SlurmRoleConfig = Field(default_factory=SlurmRoleConfig)
     """The small jobs between stages (prepare the next stage) and at the end (summary.json,

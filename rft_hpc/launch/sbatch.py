@@ -152,21 +152,21 @@ def render_script(ctx: JobContext, settings: SlurmRoleConfig, *, key: str, title
 
 def role_job(ctx: JobContext, role: str, stage_run: RunDir, stage: str, *, threads: int,
              count: int = 1, after: tuple[str, ...] = ()) -> Job:
-    """The explorer array (`count` tasks) or the trainer job of one stage."""
+    """The explorer array, the evaluator array (`count` tasks each) or the trainer job of
+    one stage."""
     slurm = ctx.launch.slurm
     settings: SlurmRoleConfig = getattr(slurm, role)
     name, key = f"{stage}.{role}", f"launch.slurm.{role}"
-    if role == "explorer":
+    if role in _ARRAY_TITLES:
         par = f"%{settings.array_parallelism}" if settings.array_parallelism else ""
         script = render_script(
-            ctx, settings, key=key,
-            title=f"explorers of stage {stage} (array task = explorer index)",
-            job_name=name, log=stage_run.jobs / "explorer-%a.log",
-            command=role_command("explorer", stage_run.root, ARRAY_INDEX,
+            ctx, settings, key=key, title=_ARRAY_TITLES[role].format(stage=stage),
+            job_name=name, log=stage_run.jobs / f"{role}-%a.log",
+            command=role_command(role, stage_run.root, ARRAY_INDEX,
                                  python=ctx.python(settings)),
             threads=threads, state=stage_run.state, array=f"0-{count - 1}{par}",
-            record="slurm-explorer-$SLURM_ARRAY_TASK_ID")
-        logs = tuple(stage_run.jobs / f"explorer-{i}.log" for i in range(count))
+            record=f"slurm-{role}-$SLURM_ARRAY_TASK_ID")
+        logs = tuple(stage_run.jobs / f"{role}-{i}.log" for i in range(count))
         return Job(name, role, key, script, after, count, stage, logs)
     # Ranks meet through a file store on the run directory (no MASTER_ADDR to resolve).
     dist = {"RFT_DIST_INIT_FILE": "$state/dist-$SLURM_JOB_ID"}
@@ -178,6 +178,13 @@ def role_job(ctx: JobContext, role: str, stage_run: RunDir, stage: str, *, threa
         threads=threads, state=stage_run.state, env=dist, record="slurm-trainer")
     return Job(name, role, key, script, after, None, stage,
                (stage_run.jobs / "trainer.log",))
+
+
+_ARRAY_TITLES = {
+    "explorer": "explorers of stage {stage} (array task = explorer index)",
+    "evaluator": "evaluator of stage {stage} (array task = index of the weights version "
+                 "scored, see eval.every)",
+}
 
 
 def helper_job(ctx: JobContext, name: str, role: str, *, index: int | None = None,
@@ -211,7 +218,8 @@ def submit_script(jobs: list[Job], run_name: str, source: str) -> str:
 
 def stage_job_seconds(stage_run: RunDir) -> float:
     """How long a stage's role jobs took: the longest of them (each timed on its own node)."""
-    spans = [read_json(p) for p in stage_run.state.glob("slurm-*.json")]
+    spans = [read_json(p) for p in stage_run.state.glob("slurm-*.json")
+             if not p.name.startswith("slurm-evaluator-")]  # evaluators run after the stage
     return max((float(s["end"]) - float(s["start"]) for s in spans), default=0.0)
 
 

@@ -1,8 +1,9 @@
 """`rft-hpc submit` and `rft-hpc render`: a config becomes a graph of Slurm jobs.
 
-Per stage, an explorer array and a trainer job; between stages a small `prepare` job (it
-finishes the stage before and lays out the next one, which starts from its weights); at the
-end a `finalize` job (summary.json, report.png). Every job is checked with `sbatch
+Per stage, an explorer array and a trainer job (and, with `eval.evaluator`, an evaluator
+array after the trainer, which only the final job waits for); between stages a small
+`prepare` job (it finishes the stage before and lays out the next one, which starts from its
+weights); at the end a `finalize` job (summary.json, report.png). Every job is checked with `sbatch
 --test-only` before anything is submitted, so a run is never half-submitted because the
 cluster cannot hold one of its jobs. Submission goes through submitit's Slurm executor, fed
 with our own scripts (the ones `render` writes and `--dry-run` prints).
@@ -128,6 +129,7 @@ def plan_jobs(config: ExperimentConfig, run: RunDir, first: int, *, source: str,
     """The jobs of stages `first`.. in submission order, each after the ones it needs."""
     ctx = JobContext(run, config.launch, (cwd or Path.cwd()).resolve(), source)
     jobs: list[Job] = []
+    evaluators: list[str] = []  # side branches: the next stage need not wait for them
     after: tuple[str, ...] = ()
     for index, (name, stage) in enumerate(config.stage_configs()):
         if index < first:
@@ -146,7 +148,13 @@ def plan_jobs(config: ExperimentConfig, run: RunDir, first: int, *, source: str,
                                   threads=stage.trainer.threads, after=after))
         jobs += roles
         after = tuple(job.name for job in roles)
-    jobs.append(helper_job(ctx, "finalize", "finalize", after=after))
+        if stage.eval.evaluator and stage.mode in ("both", "train"):
+            evaluator = role_job(ctx, "evaluator", stage_run, name,
+                                 count=len(stage.eval.scored_versions(stage.trainer.steps)),
+                                 threads=stage.trainer.threads, after=(f"{name}.trainer",))
+            jobs.append(evaluator)
+            evaluators.append(evaluator.name)
+    jobs.append(helper_job(ctx, "finalize", "finalize", after=(*after, *evaluators)))
     return jobs
 
 
@@ -168,7 +176,7 @@ def require_slurm() -> None:
 
 def _check_pass_env(config: ExperimentConfig) -> None:
     slurm = config.launch.slurm
-    for role in ("explorer", "trainer", "helper"):
+    for role in ("explorer", "trainer", "evaluator", "helper"):
         for var in getattr(slurm, role).pass_env:
             if var not in os.environ:
                 raise UserError(f"launch.slurm.{role}.pass_env: {var} is not set in this "

@@ -24,13 +24,13 @@ class Display:
     """Shows each role's step, weight version, reward, eval accuracy and buffer backlog."""
 
     def __init__(self, config: ExperimentConfig, run: RunDir, title: str, *,
-                 live: bool | None = None) -> None:
+                 live: bool | None = None, roles: list[str] | None = None) -> None:
+        """Rows for `roles` (default: the trainer and explorers the config's mode runs)."""
         self.config, self.run, self.title = config, run, title
-        roles = []
-        if config.mode in ("both", "train"):
-            roles.append("trainer")
-        if config.mode in ("both", "explore"):
-            roles += [f"explorer-{i}" for i in range(config.explorer.count)]
+        if roles is None:
+            roles = ["trainer"] if config.mode in ("both", "train") else []
+            if config.mode in ("both", "explore"):
+                roles += [f"explorer-{i}" for i in range(config.explorer.count)]
         self.roles = roles
         self.tails = {r: MetricsTail(run.metrics / f"{r}.jsonl") for r in roles}
         self.last: dict[str, dict[str, Any]] = {r: {} for r in roles}

@@ -19,6 +19,7 @@ from pathlib import Path
 
 from rft_hpc.config import ExperimentConfig
 from rft_hpc.errors import UserError
+from rft_hpc.eval.results import result_path
 from rft_hpc.run.display import Display
 from rft_hpc.run.stages import (
     finish_stage,
@@ -92,6 +93,18 @@ def _roles(config: ExperimentConfig, run: RunDir) -> list[RoleProcess]:
     return procs
 
 
+def _evaluate(config: ExperimentConfig, run: RunDir, title: str, live: bool | None) -> None:
+    """Run the evaluator tasks of a finished stage that have no result yet, all at once."""
+    versions = config.eval.scored_versions(config.trainer.steps)
+    todo = [i for i, v in enumerate(versions) if not result_path(run, v).exists()]
+    if not todo:
+        return
+    procs = [_start(f"evaluator-{i}", role_command("evaluator", run.root, i), run,
+                    config.trainer.threads) for i in todo]
+    with Display(config, run, title, live=live, roles=[p.name for p in procs]) as display:
+        _supervise(procs, display)
+
+
 def _stop_all(procs: list[RoleProcess]) -> None:
     for p in procs:
         if p.proc.poll() is None:
@@ -157,6 +170,8 @@ def run_local(config_path: Path, overrides: list[str] | None = None, *,
                 spent += time.monotonic() - t0
                 atomic_write_json(clock, {"seconds": spent})
             done = finish_stage(stage, stage_run, name, spent)
+        if stage.eval.evaluator and stage.mode in ("both", "train"):
+            _evaluate(stage, RunDir(folder), f"stage {index}: {name}, evaluator", live)
         results.append(done)
         start_weights = Path(done["weights"]) if done["weights"] else start_weights
     summary = write_summary(run, results, wall_seconds=time.monotonic() - t_run)

@@ -132,7 +132,11 @@ def check_same_config(config: ExperimentConfig, run: RunDir) -> bool:
 
 
 def _config_text(config: ExperimentConfig) -> str:
-    return yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False)
+    data = config.model_dump(mode="json")
+    # A stage holds only the keys it changes: dumped whole, its defaults would override the
+    # base config's settings when a later job (`prepare`) reads the frozen file back.
+    data["stages"] = [s.model_dump(mode="json", exclude_unset=True) for s in config.stages]
+    return yaml.safe_dump(data, sort_keys=False)
 
 
 def stage_dir(run: RunDir, index: int, name: str) -> Path:

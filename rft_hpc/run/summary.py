@@ -6,11 +6,13 @@ from pathlib import Path
 from typing import Any
 
 from rft_hpc.config import load_config
+from rft_hpc.eval.results import evaluation_results
 from rft_hpc.monitor.metrics import read_metrics
 from rft_hpc.run.stages import StageSeconds, finished_stages, stage_dir
 from rft_hpc.rundir import RunDir, atomic_write_json
 
 SUMMARY_VERSION = 1
+_EVAL_KEYS = ("version", "taskset", "metric", "accuracy", "tasks")
 
 
 def write_summary(run: RunDir, stages: list[dict[str, Any]], *,
@@ -18,7 +20,8 @@ def write_summary(run: RunDir, stages: list[dict[str, Any]], *,
     """Write `<run>/summary.json` from the stage results and return it.
 
     `eval.initial_accuracy` is measured at the start of the first stage that explores (the
-    RL stage, after any warm-up), `eval.final_accuracy` at the end of the last stage.
+    RL stage, after any warm-up), `eval.final_accuracy` at the end of the last stage;
+    `evaluator` lists the evaluator's scores (stage, weights version, accuracy).
     """
     rl = next((s for s in stages if s["mode"] == "both"), stages[0])
     summary = {
@@ -32,6 +35,9 @@ def write_summary(run: RunDir, stages: list[dict[str, Any]], *,
         "seconds": {**{s["name"]: round(s["seconds"], 2) for s in stages},
                     "launcher_wall": round(wall_seconds, 2)},
         "stages": stages,
+        "evaluator": [{"stage": s["name"], **{k: r[k] for k in _EVAL_KEYS}}
+                      for index, s in enumerate(stages)
+                      for r in evaluation_results(RunDir(stage_dir(run, index, s["name"])))],
     }
     atomic_write_json(run.root / "summary.json", summary)
     return summary

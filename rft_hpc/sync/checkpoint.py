@@ -17,7 +17,7 @@ from __future__ import annotations
 import re
 import shutil
 import time
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -61,14 +61,16 @@ def version_dir(weights_dir: str | Path, version: int) -> Path:
 
 
 def publish_weights(weights_dir: str | Path, state_dict: Mapping[str, torch.Tensor],
-                    version: int, *, keep: int = 3, extra: dict[str, Any] | None = None) -> Path:
+                    version: int, *, keep: int = 3, extra: dict[str, Any] | None = None,
+                    keep_also: Collection[int] = ()) -> Path:
     """Publish `state_dict` as weights version `version` and point `LATEST` at it.
 
     Steps: delete `.tmp-` leftovers of a killed publisher; write `model.safetensors` (tensors
     moved to CPU one at a time, dtypes and shapes kept) and `manifest.json` into a `.tmp-`
     folder, fsync, rename it to `v<NNNNNN>` (replacing an earlier publish of the same
     version), fsync the parent; replace `LATEST` atomically; delete all versions but the
-    newest `keep` and this one. One publisher per `weights_dir`. Returns the version folder.
+    newest `keep`, this one and those in `keep_also` (versions an evaluator will score).
+    One publisher per `weights_dir`. Returns the version folder.
     """
     if version < 0:
         raise ValueError(f"version must be >= 0, got {version}")
@@ -86,7 +88,7 @@ def publish_weights(weights_dir: str | Path, state_dict: Mapping[str, torch.Tens
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     atomic_write_text(weights_dir / LATEST_FILE, f"{version}\n")
-    prune_numbered(weights_dir, _VERSION_FOLDER, keep, protect=version)
+    prune_numbered(weights_dir, _VERSION_FOLDER, keep, protect={version, *keep_also})
     return final
 
 

@@ -25,7 +25,7 @@ import shutil
 import struct
 import tempfile
 import zlib
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -208,8 +208,9 @@ def numbered_folders(parent: Path, pattern: re.Pattern[str]) -> dict[int, Path]:
     return found
 
 
-def prune_numbered(parent: Path, pattern: re.Pattern[str], keep: int, protect: int) -> list[int]:
-    """Delete all numbered folders but the `keep` highest numbers and `protect`.
+def prune_numbered(parent: Path, pattern: re.Pattern[str], keep: int,
+                   protect: Collection[int]) -> list[int]:
+    """Delete all numbered folders but the `keep` highest numbers and those in `protect`.
 
     Returns the numbers deleted. Each folder is renamed to a `.tmp-` name before it is
     deleted, so a reader sees it vanish whole.
@@ -217,7 +218,7 @@ def prune_numbered(parent: Path, pattern: re.Pattern[str], keep: int, protect: i
     if keep < 1:
         raise ValueError(f"keep must be at least 1, got {keep}")
     folders = numbered_folders(parent, pattern)
-    doomed = [n for n in sorted(folders)[:-keep] if n != protect]
+    doomed = [n for n in sorted(folders)[:-keep] if n not in protect]
     for n in doomed:
         _discard(folders[n])
     return doomed

@@ -104,7 +104,7 @@ def save_trainer_state(ckpt_dir: str | Path, step: int, *, model: torch.nn.Modul
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     atomic_write_text(ckpt_dir / "LATEST", f"trainer/{final.name}\n")
-    prune_numbered(parent, _STEP_FOLDER, keep, protect=step)
+    prune_numbered(parent, _STEP_FOLDER, keep, protect={step})
     return final
 
 

@@ -345,6 +345,12 @@ def _lead(trainer: Trainer, run: RunDir, stop: StopFlag, saved: TrainerState | N
         metrics.log(0, {"eval_accuracy": trainer.accuracy(eval_tasks)})
         last_eval = 0
 
+    # versions an evaluator scores later are published even in mode train, and never pruned
+    scored = set(config.eval.scored_versions(tcfg.steps)) if config.eval.evaluator else set()
+
+    def publish() -> None:
+        publish_weights(run.weights, trainer.model.state_dict(), step, keep_also=scored)
+
     def save() -> None:
         save_trainer_state(run.ckpt, step, model=trainer.model, optimizer=trainer.optimizer,
                            scheduler=trainer.scheduler, cursor=reader.state_dict(),
@@ -363,8 +369,8 @@ def _lead(trainer: Trainer, run: RunDir, stop: StopFlag, saved: TrainerState | N
             followers.send("batch")
             values = trainer.step(batch)
             step += 1
-            if config.mode == "both" and step % config.sync.interval == 0:
-                publish_weights(run.weights, trainer.model.state_dict(), step)
+            if (config.mode == "both" and step % config.sync.interval == 0) or step in scored:
+                publish()
             if config.eval.interval and step % config.eval.interval == 0 and eval_tasks:
                 values["eval_accuracy"] = trainer.accuracy(eval_tasks)
                 last_eval = step
@@ -381,7 +387,7 @@ def _lead(trainer: Trainer, run: RunDir, stop: StopFlag, saved: TrainerState | N
         done = step >= tcfg.steps or exhausted
         if done:
             if latest_weights_version(run.weights) != step:
-                publish_weights(run.weights, trainer.model.state_dict(), step)
+                publish()
             if eval_tasks and last_eval != step:
                 metrics.log(step, {"eval_accuracy": trainer.accuracy(eval_tasks)})
     finally:

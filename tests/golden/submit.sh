@@ -12,5 +12,7 @@ job2=$(sbatch --parsable --kill-on-invalid-dep=yes --dependency=afterok:${job1%%
 echo grpo.explorer: "${job2%%;*}"
 job3=$(sbatch --parsable --kill-on-invalid-dep=yes --dependency=afterok:${job1%%;*} grpo.trainer.sbatch)
 echo grpo.trainer: "${job3%%;*}"
-job4=$(sbatch --parsable --kill-on-invalid-dep=yes --dependency=afterok:${job2%%;*}:${job3%%;*} finalize.sbatch)
-echo finalize: "${job4%%;*}"
+job4=$(sbatch --parsable --kill-on-invalid-dep=yes --dependency=afterok:${job3%%;*} grpo.evaluator.sbatch)
+echo grpo.evaluator: "${job4%%;*}"
+job5=$(sbatch --parsable --kill-on-invalid-dep=yes --dependency=afterok:${job2%%;*}:${job3%%;*}:${job4%%;*} finalize.sbatch)
+echo finalize: "${job5%%;*}"

@@ -1,0 +1,64 @@
+"""The evaluator role: score one weights version of a finished stage on its eval task set.
+
+Evaluator task `i` of a stage scores version `eval.scored_versions(trainer.steps)[i]`
+(version 0: the stage's starting weights) and writes `eval/v<NNNNNN>.json`. The result file
+is written last and atomically, so a requeued or repeated task either finds it and returns,
+or scores again from scratch: the same array runs under Slurm and as local processes.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+from rft_hpc.engines.hf import HFEngine
+from rft_hpc.errors import UserError
+from rft_hpc.eval.accuracy import exact_match_accuracy
+from rft_hpc.eval.results import EVAL_RESULT_VERSION, result_path
+from rft_hpc.explorer.role import load_start_weights
+from rft_hpc.roles.common import load_stage, set_threads, write_heartbeat
+from rft_hpc.rundir import RunDir, atomic_write_json, read_json
+from rft_hpc.sync.checkpoint import load_weights
+from rft_hpc.tasks.source import build_tasks
+
+
+def run_evaluator(stage_dir: Path, index: int) -> dict[str, Any]:
+    """Score the weights version of evaluator task `index` (once; a rerun returns the result
+    already written)."""
+    config, run = load_stage(stage_dir)
+    versions = config.eval.scored_versions(config.trainer.steps)
+    if not 0 <= index < len(versions):
+        raise UserError(f"evaluator task {index} does not exist: stage {run.root.name} scores "
+                        f"{len(versions)} weights versions ({versions})")
+    version = versions[index]
+    if index == len(versions) - 1:  # the last weights, even where training ended early
+        version = _final_version(run) or version
+    out = result_path(run, version)
+    role = f"evaluator-{index}"
+    if out.exists():
+        write_heartbeat(run, role, status="done", step=version, version=version)
+        return read_json(out)
+    set_threads(config.trainer.threads)
+    write_heartbeat(run, role, status="running", step=version, version=version)
+    t0 = time.monotonic()
+    engine = HFEngine(config.model.path, dtype=config.model.dtype)
+    if version == 0:
+        load_start_weights(engine, config)
+    else:
+        engine.load_weights(load_weights(run.weights, version), version)
+    _, tasks = build_tasks(config.tasks, config.run.seed)
+    accuracy = exact_match_accuracy(engine, tasks, max_new_tokens=config.eval.max_new_tokens,
+                                    batch_size=config.eval.batch_size)
+    result = {"format_version": EVAL_RESULT_VERSION, "version": version,
+              "taskset": "eval", "metric": "exact_match", "accuracy": accuracy,
+              "tasks": len(tasks), "seconds": round(time.monotonic() - t0, 3)}
+    run.eval.mkdir(parents=True, exist_ok=True)
+    atomic_write_json(out, result)
+    write_heartbeat(run, role, status="done", step=version, version=version)
+    return result
+
+
+def _final_version(run: RunDir) -> int | None:
+    path = run.state / "trainer.json"
+    return read_json(path).get("final_version") if path.exists() else None
