@@ -7,11 +7,10 @@ imports a user's function.
 
 from __future__ import annotations
 
-import importlib
 import re
 from collections.abc import Callable
 
-from rft_hpc.errors import UserError
+from rft_hpc.plugins import register, resolve
 from rft_hpc.tasks.task import Task
 
 RewardFn = Callable[[Task, str], float]
@@ -20,27 +19,12 @@ _REGISTRY: dict[str, RewardFn] = {}
 
 def register_reward(name: str) -> Callable[[RewardFn], RewardFn]:
     """Decorator: make `fn` available as reward `name`."""
-    def wrap(fn: RewardFn) -> RewardFn:
-        _REGISTRY[name] = fn
-        return fn
-    return wrap
+    return register(_REGISTRY, name)
 
 
 def resolve_reward(name: str) -> RewardFn:
     """The reward function called `name` (registered, or `module:function`)."""
-    if name in _REGISTRY:
-        return _REGISTRY[name]
-    if ":" in name:
-        module, _, attr = name.partition(":")
-        try:
-            fn = getattr(importlib.import_module(module), attr)
-        except (ImportError, AttributeError) as exc:
-            raise UserError(f"reward function {name!r} cannot be imported: {exc}") from exc
-        if not callable(fn):
-            raise UserError(f"reward function {name!r} is not callable")
-        return fn
-    raise UserError(f"unknown reward function {name!r}; registered: "
-                    f"{', '.join(sorted(_REGISTRY))}, or give module:function")
+    return resolve(name, _REGISTRY, "reward function")
 
 
 @register_reward("exact_match")

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from rft_hpc.buffer.records import Experience, SFTSample
+from rft_hpc.buffer.records import DPOPair, Experience, SFTSample
 
 
 @dataclass(frozen=True)
@@ -80,3 +80,15 @@ def collate(records: Sequence[Experience | SFTSample], pad_id: int = 0) -> Token
             group_ids=torch.tensor([r.group_id for r in records], dtype=torch.long),
             has_old_logprobs=torch.from_numpy(known.all(axis=1)))
     return batch
+
+
+def collate_dpo(pairs: Sequence[DPOPair], pad_id: int = 0) -> TokenBatch:
+    """Collate DPO pairs as interleaved rows: row 2i is pair i's prompt + chosen response,
+    row 2i+1 its prompt + rejected response; the responses are the trained tokens.
+
+    The layout `rft_hpc.algorithms.dpo_loss` expects. Rows of one pair stay adjacent, so a
+    micro-batch of an even number of rows holds whole pairs.
+    """
+    rows = [SFTSample(tokens=tokens, prompt_length=pair.prompt_length)
+            for pair in pairs for tokens in (pair.chosen_tokens, pair.rejected_tokens)]
+    return collate(rows, pad_id=pad_id)

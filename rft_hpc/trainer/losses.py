@@ -6,6 +6,9 @@ Shapes: B sequences, L tokens, V vocabulary entries. Per-token tensors are the s
 so long and short responses weigh the same per token. When a batch is split into
 micro-batches for gradient accumulation, pass the whole batch's count as `num_tokens` to each
 call and sum the results: the gradient is then exactly that of the whole batch.
+
+The trainer's GRPO step uses these; the general algorithm library (more advantages, losses,
+aggregation modes, KL estimators) is `rft_hpc.algorithms`, on which they are built.
 """
 
 from __future__ import annotations
@@ -15,7 +18,14 @@ from typing import Literal
 import torch
 from torch.autograd.function import once_differentiable
 
+from rft_hpc.algorithms.advantages import grpo_advantages
+from rft_hpc.algorithms.aggregation import LossNorm, masked_mean
+from rft_hpc.algorithms.kl import kl_per_token
+from rft_hpc.algorithms.policy_losses import PolicyLossInputs, ppo_policy_loss
 from rft_hpc.trainer.batching import TokenBatch
+
+__all__ = ["KLKind", "grpo_advantages", "kl_penalty", "masked_mean", "policy_loss",
+           "sft_loss", "target_logprobs", "token_logprobs"]
 
 KLKind = Literal["k1", "k2", "k3"]
 
@@ -88,48 +98,6 @@ class _TargetLogProbs(torch.autograd.Function):
         return grad.reshape(b, length, vocab), None, None, None
 
 
-def grpo_advantages(rewards: torch.Tensor, group_ids: torch.Tensor, eps: float = 1e-6,
-                    std_normalize: bool = True) -> torch.Tensor:
-    """GRPO advantage of each rollout relative to the rollouts of its group [B].
-
-    `A_i = (r_i - mean_g) / (std_g + eps)`, where g is i's group, `mean_g` and `std_g` the
-    mean and population standard deviation (divide by n, not n-1) of the group's rewards;
-    `A_i = r_i - mean_g` without `std_normalize`. A group whose rewards are all equal
-    (a single rollout included) gets exactly 0. Computed in float64, returned as float32.
-    """
-    if rewards.dim() != 1 or rewards.shape != group_ids.shape:
-        raise ValueError(f"rewards {tuple(rewards.shape)} and group_ids "
-                         f"{tuple(group_ids.shape)} must be equal-length vectors")
-    r = rewards.detach().to(torch.float64)
-    _, group = torch.unique(group_ids, return_inverse=True)
-    n_groups = int(group.max()) + 1 if len(group) else 0
-
-    def per_group(values: torch.Tensor, reduce: str = "sum") -> torch.Tensor:
-        init = {"sum": 0.0, "amax": -torch.inf, "amin": torch.inf}[reduce]
-        empty = torch.full((n_groups,), init, dtype=torch.float64, device=r.device)
-        return empty.scatter_reduce(0, group, values, reduce)
-
-    count = per_group(torch.ones_like(r))
-    centered = r - (per_group(r) / count)[group]
-    adv = centered
-    if std_normalize:
-        std = (per_group(centered**2) / count).sqrt()
-        adv = centered / (std[group] + eps)
-    equal = (per_group(r, "amax") == per_group(r, "amin"))[group]
-    return torch.where(equal, 0.0, adv).to(torch.float32)
-
-
-def masked_mean(values: torch.Tensor, mask: torch.Tensor,
-                num_tokens: torch.Tensor | float | None = None) -> torch.Tensor:
-    """`sum(values * mask) / max(num_tokens, 1)`; `num_tokens` defaults to `sum(mask)`.
-
-    Masked-out entries never contribute, even when they hold inf or NaN.
-    """
-    total = torch.where(mask > 0, values * mask, 0.0).sum()
-    count = mask.sum() if num_tokens is None else torch.as_tensor(num_tokens, device=total.device)
-    return total / count.to(total.dtype).clamp(min=1.0)
-
-
 def policy_loss(new_logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tensor,
                 loss_mask: torch.Tensor, clip_low: float = 0.2, clip_high: float = 0.2, *,
                 ref_logp: torch.Tensor | None = None, kl_coef: float = 0.0,
@@ -145,18 +113,14 @@ def policy_loss(new_logp: torch.Tensor, old_logp: torch.Tensor, advantages: torc
     `approx_kl` (k3 estimate of KL(old || new): `mean(ratio - 1 - log ratio)`), and `kl_ref`
     when a KL penalty is used.
     """
-    log_ratio = torch.where(loss_mask > 0, new_logp - old_logp, 0.0)
-    ratio = torch.exp(log_ratio)
-    adv = advantages.detach().to(ratio.dtype)[:, None]
-    unclipped = ratio * adv
-    clipped = ratio.clamp(1.0 - clip_low, 1.0 + clip_high) * adv
-    loss = masked_mean(-torch.minimum(unclipped, clipped), loss_mask, num_tokens)
-    with torch.no_grad():
-        metrics = {
-            "clip_fraction": masked_mean((clipped < unclipped).float(), loss_mask),
-            "ratio_mean": masked_mean(ratio, loss_mask),
-            "approx_kl": masked_mean(ratio - 1.0 - log_ratio, loss_mask),
-        }
+    norm = None
+    if num_tokens is not None:
+        norm = LossNorm(num_tokens=float(num_tokens), num_seqs=0.0, max_tokens=1.0)
+    loss, parts = ppo_policy_loss(
+        PolicyLossInputs(logp=new_logp, mask=loss_mask, old_logp=old_logp,
+                         advantages=advantages, norm=norm),
+        clip_range_low=clip_low, clip_range_high=clip_high, clip_ratio_c=None)
+    metrics = {k: parts[k] for k in ("clip_fraction", "ratio_mean", "approx_kl")}
     if kl_coef:
         if ref_logp is None:
             raise ValueError("kl_coef is set but no ref_logp was given")
@@ -174,15 +138,9 @@ def kl_penalty(new_logp: torch.Tensor, ref_logp: torch.Tensor, loss_mask: torch.
     With `d = ref_logp - new_logp` per token: k1 = `-d`; k2 = `d**2 / 2`;
     k3 = `exp(d) - 1 - d` (unbiased like k1, never negative like k2, lowest variance).
     """
-    d = torch.where(loss_mask > 0, ref_logp - new_logp, 0.0)
-    if kind == "k1":
-        per_token = -d
-    elif kind == "k2":
-        per_token = 0.5 * d**2
-    elif kind == "k3":
-        per_token = torch.exp(d) - 1.0 - d
-    else:
+    if kind not in ("k1", "k2", "k3"):
         raise ValueError(f"unknown KL estimator {kind!r}; use k1, k2 or k3")
+    per_token = kl_per_token(new_logp, ref_logp, kind, loss_mask)
     return masked_mean(per_token, loss_mask, num_tokens)
 
 
