@@ -43,13 +43,14 @@ def _root(
 
 def _register_commands() -> None:
     # Imported here so that each command module can import `app` helpers without cycles.
-    from rft_hpc.cli import buffer_cmd, run_cmd, slurm_cmd, validate_cmd
+    from rft_hpc.cli import audit_cmd, buffer_cmd, run_cmd, slurm_cmd, validate_cmd
 
     app.command("run")(run_cmd.run)
     for command in (slurm_cmd.submit, slurm_cmd.render, slurm_cmd.status, slurm_cmd.cancel,
                     slurm_cmd.logs):
         app.command(command.__name__)(command)
     app.command("validate")(validate_cmd.validate)
+    app.command("audit")(audit_cmd.audit)
     app.add_typer(buffer_cmd.app, name="buffer")
     app.add_typer(run_cmd.model_app, name="model")
     app.add_typer(run_cmd.role_app, name="role", hidden=True)

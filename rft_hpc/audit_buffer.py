@@ -1,0 +1,97 @@
+"""What `rft-hpc audit` needs to know of a buffer: every committed segment's size, steps and
+policy versions, and which segments were quarantined."""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from rft_hpc.buffer.layout import QUARANTINE, writer_names
+from rft_hpc.buffer.segment import (
+    CorruptSegment,
+    committed_segments,
+    read_segment,
+    read_segment_attrs,
+    segment_name,
+)
+
+Ref = tuple[str, int, int]
+"""A buffer record: (writer, segment's first step, index in the segment)."""
+
+_QUARANTINED = re.compile(r"^(\d+)\.h5(\.\d+)?$")  # quarantine_segment adds .1, .2 on clashes
+
+
+@dataclass
+class SegmentInfo:
+    """One committed segment: its records, and per record its step and policy version (kind
+    `rl` only); `error` says why an unreadable segment could not be read."""
+
+    step_end: int
+    num_records: int
+    steps: np.ndarray | None = None
+    versions: np.ndarray | None = None
+    error: str | None = None
+
+
+@dataclass
+class BufferScan:
+    """Every committed segment of a buffer, by (writer, first step), and the quarantined ones."""
+
+    root: Path
+    segments: dict[tuple[str, int], SegmentInfo] = field(default_factory=dict)
+    quarantined: set[tuple[str, int]] = field(default_factory=set)
+
+    def writers(self) -> list[str]:
+        """Writers with committed segments, sorted."""
+        return sorted({w for w, _ in self.segments})
+
+    def writer_segments(self, writer: str) -> list[tuple[int, SegmentInfo]]:
+        """(first step, segment) of one writer's committed segments, by step."""
+        return sorted((s, info) for (w, s), info in self.segments.items() if w == writer)
+
+    def readable_records(self) -> int:
+        """Records in segments that could be read."""
+        return sum(s.num_records for s in self.segments.values() if s.error is None)
+
+    def segment_path(self, writer: str, start: int) -> str:
+        """The segment's path relative to the stage (`buffer/<writer>/<step>.h5`)."""
+        return f"{self.root.name}/{writer}/{segment_name(start)}"
+
+
+def scan_buffer(buffer: Path) -> BufferScan:
+    """Read every committed segment's step and policy_version columns (checksums checked);
+    an unreadable segment is kept with its `error` (its records count as lost)."""
+    scan = BufferScan(buffer)
+    for writer in writer_names(buffer):
+        for start in committed_segments(buffer / writer):
+            path = buffer / writer / segment_name(start)
+            try:
+                seg = read_segment(path, fields=("step", "policy_version"))
+            except CorruptSegment as exc:
+                scan.segments[writer, start] = SegmentInfo(_step_end(path, start), 0,
+                                                           error=exc.reason)
+                continue
+            scan.segments[writer, start] = SegmentInfo(
+                seg.step_end, seg.num_records, seg.columns.get("step"),
+                seg.columns.get("policy_version"))
+    quarantine = buffer / QUARANTINE
+    if quarantine.is_dir():
+        for writer in os.listdir(quarantine):
+            if (quarantine / writer).is_dir():
+                for name in os.listdir(quarantine / writer):
+                    m = _QUARANTINED.match(name)
+                    if m:
+                        scan.quarantined.add((writer, int(m.group(1))))
+    return scan
+
+
+def _step_end(path: Path, start: int) -> int:
+    """A damaged segment's `step_end` if its attributes still read, else one step."""
+    try:
+        return int(read_segment_attrs(path)["step_end"])
+    except (CorruptSegment, KeyError, TypeError, ValueError):
+        return start + 1
