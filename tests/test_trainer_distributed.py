@@ -22,6 +22,7 @@ import yaml
 
 from rft_hpc.buffer.reader import Batch
 from rft_hpc.buffer.records import Experience, SFTSample
+from rft_hpc.roles.lifecycle import REQUEUE_EXIT
 from rft_hpc.trainer.distributed import (
     ENV_BACKEND,
     ENV_INIT_FILE,
@@ -98,7 +99,7 @@ def step_worker(config_path: str, algorithm: str, out: str) -> None:
     """One rank of `test_one_step_on_two_ranks_matches_one_process` (run as a script)."""
     from rft_hpc.config import load_config
     from rft_hpc.trainer.distributed import init_distributed, shutdown
-    from rft_hpc.trainer.role import Trainer
+    from rft_hpc.trainer.trainer import Trainer
 
     torch.set_num_threads(1)
     ctx = init_distributed()
@@ -244,7 +245,9 @@ def test_a_stop_signal_to_rank_0_stops_every_rank_after_a_save(tmp_path, tiny_mo
     wait_for_step(stage, 2)
     procs[0].send_signal(signal.SIGUSR2)  # Slurm's warning, to rank 0 only
     results = finish(procs, timeout=120)
-    assert all(rc == 0 for rc, _ in results), [err[-3000:] for _, err in results]
+    # rank 0 saved and asks its job to be requeued; the other rank simply followed
+    assert [rc for rc, _ in results] == [REQUEUE_EXIT, 0], [err[-3000:] for _, err in results]
+    assert "asking to be requeued (requeue)" in results[0][1]
     heartbeat = json.loads((stage / "state" / "trainer.json").read_text())
     assert heartbeat["status"] == "stopped" and heartbeat["step"] >= 2
     saved = (stage / "ckpt" / "LATEST").read_text().strip()

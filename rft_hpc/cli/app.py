@@ -14,6 +14,7 @@ from rich.markup import escape
 from rft_hpc import __version__
 from rft_hpc.cli.output import err_console
 from rft_hpc.errors import UserError
+from rft_hpc.roles.lifecycle import REQUEUE_EXIT, RequeueRequested
 
 app = typer.Typer(
     name="rft-hpc",
@@ -63,7 +64,8 @@ def report_user_error(exc: BaseException) -> None:
 
 
 def main() -> None:
-    """Console-script entry point: run the app, turning user errors into exit status 2."""
+    """Console-script entry point: run the app, turning user errors into exit status 2 and a
+    role's request to be requeued into `REQUEUE_EXIT`."""
     _register_commands()
     try:
         # Without standalone mode, click returns the code of a `typer.Exit` instead of raising.
@@ -78,6 +80,9 @@ def main() -> None:
     except UserError as exc:
         report_user_error(exc)
         sys.exit(2)
+    except RequeueRequested as exc:  # a role saved and asks to be started again
+        err_console.print(f"rft-hpc: {exc}")
+        sys.exit(REQUEUE_EXIT)
     except KeyboardInterrupt:
         err_console.print("interrupted")
         sys.exit(130)

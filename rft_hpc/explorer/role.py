@@ -17,8 +17,10 @@ from rft_hpc.buffer.writer import SegmentWriter
 from rft_hpc.config import ExperimentConfig
 from rft_hpc.engines.hf import HFEngine
 from rft_hpc.explorer.workflow import SamplingSettings, explore_tasks
+from rft_hpc.ledger import LedgerWriter
 from rft_hpc.monitor.metrics import MetricsWriter
 from rft_hpc.roles.common import StopFlag, load_stage, set_threads, write_heartbeat
+from rft_hpc.roles.lifecycle import JobClock
 from rft_hpc.rundir import RunDir, read_json
 from rft_hpc.sync.checkpoint import WeightsGone, latest_weights_version, load_weights
 from rft_hpc.tasks.source import build_tasks
@@ -53,8 +55,9 @@ def load_start_weights(engine: HFEngine, config: ExperimentConfig) -> None:
 class WeightFollower:
     """Keeps an engine on the newest published weights (checkpoint sync method)."""
 
-    def __init__(self, run: RunDir, engine: HFEngine, stop: StopFlag) -> None:
-        self.run, self.engine, self.stop = run, engine, stop
+    def __init__(self, run: RunDir, engine: HFEngine, stop: StopFlag,
+                 clock: JobClock | None = None) -> None:
+        self.run, self.engine, self.stop, self.clock = run, engine, stop, clock
         self.waited = 0.0
 
     def refresh(self) -> int:
@@ -76,6 +79,8 @@ class WeightFollower:
         start = time.monotonic()
         try:
             while self.refresh() < version:
+                if self.clock is not None and not self.clock.next_step_fits():
+                    self.stop.out_of_time()
                 if self._trainer_done() or self.stop.sleep(poll):
                     return False
             return True
@@ -88,7 +93,11 @@ class WeightFollower:
 
 
 def run_explorer(stage_dir: Path, index: int) -> int:
-    """Run explorer `index` of a stage until its last step; returns the next step to do."""
+    """Run explorer `index` of a stage until its last step; returns the next step to do.
+
+    Stopped by Slurm's warning signal or by its job's time limit, it commits what it wrote
+    and raises `RequeueRequested`.
+    """
     config, run = load_stage(stage_dir)
     set_threads(config.explorer.threads)
     stop = StopFlag()
@@ -102,11 +111,19 @@ def run_explorer(stage_dir: Path, index: int) -> int:
                            background_commit=True)
     engine = HFEngine(config.model.path, dtype=config.model.dtype)
     load_start_weights(engine, config)
-    follower = WeightFollower(run, engine, stop)
+    clock = JobClock(config.launch.slurm.walltime_margin)
+    follower = WeightFollower(run, engine, stop, clock)
     settings = SamplingSettings(cfg.repeat, cfg.max_new_tokens, cfg.temperature)
     metrics = MetricsWriter(run.metrics, role)
     total = cfg.total_steps(config.trainer)
     step = writer.next_step
+    ledger = LedgerWriter(run.root / "ledger", role, durable=False)
+    history = ledger.start(step, first_redone=step)
+
+    def beat(status: str) -> None:
+        write_heartbeat(run, role, status=status, step=step, version=engine.version,
+                        restarts=history.restarts, redone=history.redone)
+
     try:
         while step < total and not stop:
             if not follower.wait_for(required_version(step, config)):
@@ -118,16 +135,25 @@ def run_explorer(stage_dir: Path, index: int) -> int:
                 engine, tasks, settings, first_group_id=first_group, step=step,
                 seed=step_seed(config.run.seed, step, index))
             writer.write_step(step, experiences)
-            values.update(version=engine.version, seconds=time.monotonic() - t0,
+            seconds = time.monotonic() - t0
+            values.update(version=engine.version, seconds=seconds,
                           wait_seconds=follower.waited)
             follower.waited = 0.0
             metrics.log(step, values)
+            ledger.append("step", step=step, records=len(experiences), version=engine.version,
+                          seconds=round(seconds, 4))
+            clock.observe_step(seconds)
             step += 1
-            write_heartbeat(run, role, status="running", step=step, version=engine.version)
+            beat("running")
+            if not clock.next_step_fits():
+                stop.out_of_time()
         writer.close()
         step = writer.committed_step
+        ledger.append("stop", step=step, reason="done" if step >= total else stop.reason)
     finally:
         metrics.close()
-    status = "done" if step >= total else "stopped"
-    write_heartbeat(run, role, status=status, step=step, version=engine.version)
+        ledger.close()
+    beat("done" if step >= total else "stopped")
+    if step < total:
+        stop.check_requeue()
     return step

@@ -212,7 +212,17 @@ class SlurmConfig(_Section):
 
     signal_delay: int = Field(120, ge=0)
     """Seconds before the time limit at which Slurm sends SIGUSR2 to the roles
-    (`--signal=USR2@N`): they stop at their next safe point, the trainer saves."""
+    (`--signal=USR2@N`; Slurm may send it up to a minute late): they stop at their next safe
+    point, save, and the job requeues itself."""
+
+    walltime_margin: float = Field(15.0, ge=0.0)
+    """Seconds a role keeps free before its job's time limit besides its measured step and
+    save times: when the next step would cut into them, it saves and requeues on its own,
+    without waiting for the signal."""
+
+    max_restarts: int = Field(3, ge=0)
+    """How often a job whose role process died (killed, crashed node process) requeues
+    itself; a role that saved and asked to be requeued (signal, time limit) always is."""
 
     @field_validator("explorer", "helper")
     @classmethod

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from rft_hpc.launch.config import LaunchConfig, SlurmRoleConfig
+from rft_hpc.roles.lifecycle import REQUEUE_EXIT
 from rft_hpc.run.local import role_command, role_env
 from rft_hpc.rundir import RunDir, read_json
 
@@ -124,6 +125,8 @@ def render_script(ctx: JobContext, settings: SlurmRoleConfig, *, key: str, title
     options = sbatch_options(settings, job_name=f"{ctx.run.root.name}.{job_name}", output=log,
                              cwd=ctx.cwd, signal_delay=ctx.launch.slurm.signal_delay,
                              array=array)
+    if record is not None:
+        options.append("--requeue")  # the script requeues itself (see _REQUEUE)
     preamble = [f"umask {ctx.launch.umask}"] if ctx.launch.umask else []
     if settings.setup:
         preamble += ["", f"# setup ({key}.setup)", *settings.setup]
@@ -143,11 +146,24 @@ def render_script(ctx: JobContext, settings: SlurmRoleConfig, *, key: str, title
                     f'"$job" "$started" "$(date +%s.%N)" "$status" '
                     f'>"$state/.tmp-{record}.json"\n'
                     f'mv "$state/.tmp-{record}.json" "$state/{record}.json"\n')
+    requeue = ""
+    if record is not None:  # a role: it saved and asked for it (75), or its process died
+        requeue = _REQUEUE.format(exit=REQUEUE_EXIT, limit=ctx.launch.slurm.max_restarts)
     return template("role.sbatch").substitute(
         sbatch="\n".join(f"#SBATCH {o}" for o in options), title=_one_line(title),
         config=_one_line(ctx.source), preamble="\n".join(preamble), what=shlex.quote(title),
         srun=shell_command([*srun, *container_prefix(settings, ctx.run), *command]),
-        epilogue=epilogue)
+        epilogue=epilogue, requeue=requeue)
+
+
+_REQUEUE = """\
+restarts=${{SLURM_RESTART_COUNT:-0}}
+if [ "$status" -eq {exit} ] || {{ [ "$status" -gt 128 ] && [ "$restarts" -lt {limit} ]; }}; then
+    echo "rft-hpc: $what: requeueing job $job (restart $((restarts + 1)))"
+    scontrol requeue "$job"
+    exit 0
+fi
+"""
 
 
 def role_job(ctx: JobContext, role: str, stage_run: RunDir, stage: str, *, threads: int,

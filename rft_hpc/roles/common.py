@@ -11,6 +11,7 @@ from typing import Any
 import yaml
 
 from rft_hpc.config import ExperimentConfig, load_config
+from rft_hpc.roles.lifecycle import RequeueRequested
 from rft_hpc.rundir import RunDir, atomic_write_json, atomic_write_text
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR2)
@@ -29,18 +30,39 @@ def load_stage(stage_dir: Path) -> tuple[ExperimentConfig, RunDir]:
 
 
 class StopFlag:
-    """Set by SIGINT, SIGTERM or SIGUSR2 (Slurm's warning): the role stops at a safe point."""
+    """Set by SIGINT, SIGTERM or SIGUSR2 (Slurm's warning), or by the role itself when its
+    job's time runs out: the role stops at a safe point."""
 
     def __init__(self) -> None:
         self.signal: int | None = None
+        self.walltime = False
         for sig in STOP_SIGNALS:
             signal.signal(sig, self._handle)
 
     def _handle(self, signum: int, _frame: Any) -> None:
         self.signal = signum
 
+    def out_of_time(self) -> None:
+        """Stop because the next step would not fit in the job's time."""
+        self.walltime = True
+
     def __bool__(self) -> bool:
-        return self.signal is not None
+        return self.signal is not None or self.walltime
+
+    @property
+    def reason(self) -> str:
+        """Why the role stops: `requeue` (USR2), `walltime`, `stopped` (INT, TERM) or
+        `running` (not stopped)."""
+        if self.signal == signal.SIGUSR2:
+            return "requeue"
+        if self.walltime:
+            return "walltime"
+        return "stopped" if self.signal is not None else "running"
+
+    def check_requeue(self) -> None:
+        """Raise `RequeueRequested` when the role stopped to run again in a next job."""
+        if self.reason in ("requeue", "walltime"):
+            raise RequeueRequested(self.reason)
 
     def sleep(self, seconds: float) -> bool:
         """Sleep up to `seconds`, waking early on a stop signal; True if stopped."""

@@ -20,6 +20,7 @@ from pathlib import Path
 from rft_hpc.config import ExperimentConfig
 from rft_hpc.errors import UserError
 from rft_hpc.eval.results import result_path
+from rft_hpc.roles.lifecycle import REQUEUE_EXIT
 from rft_hpc.run.display import Display
 from rft_hpc.run.stages import (
     finish_stage,
@@ -40,11 +41,14 @@ class Interrupted(UserError):
 
 @dataclass
 class RoleProcess:
-    """One running role and where its output goes."""
+    """One running role, how it was started and where its output goes."""
 
     name: str
     proc: subprocess.Popen[bytes]
     log: Path
+    cmd: list[str]
+    threads: int
+    restarts: int = 0
 
 
 @dataclass
@@ -73,12 +77,15 @@ def role_env(threads: int) -> dict[str, str]:
 
 def _start(name: str, cmd: list[str], run: RunDir, threads: int) -> RoleProcess:
     log = run.jobs / f"{name}.log"
+    return RoleProcess(name, _popen(cmd, log, threads), log, cmd, threads)
+
+
+def _popen(cmd: list[str], log: Path, threads: int) -> subprocess.Popen[bytes]:
     env = dict(os.environ, **role_env(threads))
     with log.open("ab") as out:
         # A session of its own: Ctrl-C reaches only the launcher, which asks roles to stop.
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env,
+        return subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env,
                                 start_new_session=True)
-    return RoleProcess(name, proc, log)
 
 
 def _roles(config: ExperimentConfig, run: RunDir) -> list[RoleProcess]:
@@ -119,16 +126,24 @@ def _stop_all(procs: list[RoleProcess]) -> None:
 
 
 def _supervise(procs: list[RoleProcess], display: Display) -> None:
-    """Wait for every role; stop the others when one fails."""
+    """Wait for every role, starting again those that ask to be requeued; stop the others
+    when one fails."""
     try:
-        while any(p.proc.poll() is None for p in procs):
+        while True:
             display.refresh()
+            for p in procs:  # saved and asked to run again, as a Slurm job requeues itself
+                if p.proc.poll() == REQUEUE_EXIT:
+                    p.restarts += 1
+                    display.note(f"restarting {p.name} (restart {p.restarts})")
+                    p.proc = _popen(p.cmd, p.log, p.threads)
             failed = [p for p in procs if p.proc.returncode not in (None, 0)]
             if failed:
                 _stop_all(procs)
                 tail = failed[0].log.read_text(errors="replace").strip().splitlines()[-15:]
                 raise UserError(f"role {failed[0].name} failed (exit {failed[0].proc.returncode});"
                                 f" its log is {failed[0].log}:\n" + "\n".join(tail))
+            if all(p.proc.returncode is not None for p in procs):
+                break
             time.sleep(0.25)
         display.refresh()
     except KeyboardInterrupt:

@@ -15,214 +15,31 @@ each step and return when told to stop.
 
 from __future__ import annotations
 
-import copy
-import hashlib
-import json
 import logging
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from rft_hpc.buffer.reader import Batch, BufferReader
 from rft_hpc.config import ExperimentConfig
-from rft_hpc.engines.hf import HFEngine, load_policy
-from rft_hpc.eval.accuracy import exact_match_accuracy
-from rft_hpc.explorer.role import load_start_weights
+from rft_hpc.ledger import LedgerWriter, compact_refs
 from rft_hpc.monitor.metrics import MetricsWriter
 from rft_hpc.roles.common import StopFlag, load_stage, set_threads, write_heartbeat
+from rft_hpc.roles.lifecycle import JobClock
 from rft_hpc.rundir import RunDir, read_json
 from rft_hpc.sync.checkpoint import latest_weights_version, publish_weights
 from rft_hpc.tasks.source import build_tasks
-from rft_hpc.trainer.batching import TokenBatch, collate
 from rft_hpc.trainer.checkpoint import TrainerState, load_trainer_state, save_trainer_state
 from rft_hpc.trainer.distributed import (
     DistContext,
-    Shard,
-    all_reduce_gradients,
-    all_reduce_sum,
     broadcast_object,
-    broadcast_parameters,
     init_distributed,
-    scatter_objects,
-    shard_batch,
     shutdown,
 )
-from rft_hpc.trainer.losses import (
-    grpo_advantages,
-    kl_penalty,
-    policy_loss,
-    sft_loss,
-    token_logprobs,
-)
+from rft_hpc.trainer.trainer import Trainer, config_hash
 
 log = logging.getLogger(__name__)
-
-
-def config_hash(config: ExperimentConfig) -> str:
-    """Hash of the settings a resumed trainer must share with the saved one."""
-    keep = config.model_dump(mode="json", include={"model", "buffer", "trainer", "tasks"})
-    for key in ("steps", "save_interval", "threads"):
-        keep["trainer"].pop(key, None)
-    return hashlib.sha256(json.dumps(keep, sort_keys=True).encode()).hexdigest()[:16]
-
-
-class Trainer:
-    """Model, optimizer and loss of one stage; `step(batch)` is one policy update.
-
-    With a `DistContext` of several ranks every rank holds a full replica on its device
-    and `step` is a collective (see `step`); the replicas start from rank 0's weights.
-    """
-
-    def __init__(self, config: ExperimentConfig, dist: DistContext | None = None) -> None:
-        self.config = config
-        self.dist = dist if dist is not None else DistContext()
-        tcfg = config.trainer
-        self.tokenizer, self.model = load_policy(config.model.path, config.model.dtype)
-        self.device = self.dist.device
-        if self.device.type != "cpu":
-            self.model.to(self.device)
-        self.engine = HFEngine(model=self.model, tokenizer=self.tokenizer,
-                               device=str(self.device))
-        load_start_weights(self.engine, config)
-        broadcast_parameters(self.model, self.dist)
-        self.model.train()
-        self.reference = copy.deepcopy(self.model).eval() if tcfg.kl_coef > 0 else None
-        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=tcfg.lr,
-                                           weight_decay=tcfg.weight_decay)
-        warmup = tcfg.warmup_steps
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
-            self.optimizer, lambda s: min(1.0, (s + 1) / warmup) if warmup else 1.0)
-        self.pad_id = self.engine.pad_id
-
-    def step(self, batch: Batch | None) -> dict[str, float]:
-        """One optimizer step on `batch`; returns the step's metrics.
-
-        With several ranks this is a collective that every rank calls: rank 0 with the
-        whole batch, the others with None. Rank 0 sends each rank its shard (GRPO advantages
-        computed over the whole batch); each rank's loss is its tokens' share of the whole
-        batch's token-mean; the gradients are summed over the ranks; every rank takes the
-        same optimizer step. The metrics, on every rank, are those of the whole batch.
-        """
-        if self.dist.distributed:
-            return self._step_shard(self._receive_shard(batch))
-        if batch is None:
-            raise ValueError("a single-process trainer needs a batch")
-        cfg = self.config.trainer
-        tb = collate(batch.records, pad_id=self.pad_id)
-        adv = None
-        if cfg.algorithm != "sft":
-            adv = grpo_advantages(tb.rewards, tb.group_ids)
-            adv = adv * torch.tensor(batch.weights, dtype=adv.dtype)
-        loss, values = self._loss(tb, adv)
-        if adv is not None:
-            values["reward_mean"] = float(tb.rewards.float().mean())
-        self.optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        values.update(self._optimizer_step())
-        values.update(loss=float(loss), lr=self.scheduler.get_last_lr()[0],
-                      tokens=float(tb.loss_mask.sum()), stale_dropped=batch.dropped_stale)
-        return values
-
-    def _loss(self, tb: TokenBatch, adv: torch.Tensor | None,
-              num_tokens: int | None = None) -> tuple[torch.Tensor, dict[str, float]]:
-        """Loss of `tb` (SFT, or GRPO with advantages `adv`) and its metrics.
-
-        `num_tokens`: divisor of the token-mean (default: the tokens of `tb`)."""
-        cfg = self.config.trainer
-        values: dict[str, float] = {}
-        if cfg.algorithm == "sft":
-            return sft_loss(token_logprobs(self.model, tb), tb.loss_mask,
-                            num_tokens=num_tokens), values
-        temperature = self.config.explorer.temperature or 1.0
-        new = token_logprobs(self.model, tb, temperature)
-        old = tb.old_logprobs
-        if tb.has_old_logprobs is not None and not bool(tb.has_old_logprobs.all()):
-            # Imported records carry no rollout log-probs: treat them as on-policy.
-            known = tb.has_old_logprobs.unsqueeze(1)
-            old = torch.where(known, old, new.detach())
-            values["unknown_logprob_records"] = float((~tb.has_old_logprobs).sum())
-        assert adv is not None
-        loss, parts = policy_loss(new, old, adv, tb.loss_mask, clip_low=cfg.clip_ratio,
-                                  clip_high=cfg.clip_ratio, num_tokens=num_tokens)
-        values.update({k: float(v) for k, v in parts.items()})
-        if self.reference is not None:
-            with torch.no_grad():
-                ref = token_logprobs(self.reference, tb, temperature)
-            kl = kl_penalty(new, ref, tb.loss_mask, num_tokens=num_tokens)
-            loss = loss + cfg.kl_coef * kl
-            values["kl_ref"] = float(kl)
-        return loss, values
-
-    def _optimizer_step(self) -> dict[str, float]:
-        """Clip the gradients (when configured), step the optimizer and the schedule."""
-        cfg = self.config.trainer
-        values = {}
-        if cfg.grad_clip > 0:
-            values["grad_norm"] = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(),
-                                                                       cfg.grad_clip))
-        self.optimizer.step()
-        self.scheduler.step()
-        return values
-
-    def _receive_shard(self, batch: Batch | None) -> Shard:
-        if self.dist.is_main:
-            if batch is None:
-                raise ValueError("rank 0 must pass the batch")
-            shards = shard_batch(batch, self.dist.world_size,
-                                 advantages=self.config.trainer.algorithm != "sft")
-            return scatter_objects(shards, self.dist)
-        return scatter_objects(None, self.dist)
-
-    # Metrics summed over the ranks; token means travel as sums over each rank's tokens.
-    _SUMS = ("loss", "unknown_logprob_records", "clip_fraction", "ratio_mean", "approx_kl",
-             "kl_ref", "reward_sum")
-    _PER_TOKEN = ("clip_fraction", "ratio_mean", "approx_kl")
-
-    def _step_shard(self, shard: Shard) -> dict[str, float]:
-        """This rank's part of a data-parallel step (see `step`)."""
-        self.optimizer.zero_grad(set_to_none=True)
-        local: dict[str, float] = {}
-        if shard.records:
-            tb = collate(shard.records, pad_id=self.pad_id)
-            adv = shard.advantages
-            if self.device.type != "cpu":
-                tb = tb.to(self.device)
-                adv = None if adv is None else adv.to(self.device)
-            loss, local = self._loss(tb, adv, num_tokens=shard.num_tokens)
-            loss.backward()
-            mine = float(tb.loss_mask.sum())
-            for key in self._PER_TOKEN:
-                if key in local:
-                    local[key] *= mine
-            local["loss"] = float(loss)
-            if tb.rewards is not None:
-                local["reward_sum"] = float(tb.rewards.double().sum())
-        sums = torch.tensor([local.get(k, 0.0) for k in self._SUMS], dtype=torch.float64,
-                            device=self.device)
-        total = dict(zip(self._SUMS, all_reduce_sum(sums, self.dist).tolist(), strict=True))
-        all_reduce_gradients(self.model.parameters(), self.dist)
-        values: dict[str, float] = {}
-        grpo = self.config.trainer.algorithm != "sft"
-        if grpo:
-            if total["unknown_logprob_records"]:
-                values["unknown_logprob_records"] = total["unknown_logprob_records"]
-            for key in self._PER_TOKEN:
-                values[key] = total[key] / max(shard.num_tokens, 1)
-            if self.reference is not None:
-                values["kl_ref"] = total["kl_ref"]
-            values["reward_mean"] = total["reward_sum"] / max(shard.num_records, 1)
-        values.update(self._optimizer_step())
-        values.update(loss=total["loss"], lr=self.scheduler.get_last_lr()[0],
-                      tokens=float(shard.num_tokens), stale_dropped=shard.dropped_stale)
-        return values
-
-    def accuracy(self, tasks: list[Any]) -> float:
-        ecfg = self.config.eval
-        return exact_match_accuracy(self.engine, tasks, max_new_tokens=ecfg.max_new_tokens,
-                                    batch_size=ecfg.batch_size)
 
 
 def _explorers_done(run: RunDir, count: int) -> bool:
@@ -334,10 +151,20 @@ def _lead(trainer: Trainer, run: RunDir, stop: StopFlag, saved: TrainerState | N
     config = trainer.config
     tcfg = config.trainer
     followers = _Followers(trainer.dist)
-    idle = followers.keepalive if trainer.dist.distributed else None
+    clock = JobClock(config.launch.slurm.walltime_margin)
+
+    def idle() -> None:
+        followers.keepalive()
+        if not clock.next_step_fits():
+            stop.out_of_time()
+
     step = saved.step if saved else 0
     reader = BufferReader(run.buffer, config.buffer, state=saved.cursor if saved else None,
                           quarantine=True)
+    # The position as of `step`: records gathered for a step that never ran stay pending.
+    cursor = reader.state_dict()
+    ledger = LedgerWriter(run.root / "ledger", "trainer")
+    history = ledger.start(step, first_redone=step + 1)
     metrics = MetricsWriter(run.metrics, "trainer")
     _, eval_tasks = build_tasks(config.tasks, config.run.seed)
     last_eval = last_saved = -1 if saved is None else step
@@ -348,13 +175,21 @@ def _lead(trainer: Trainer, run: RunDir, stop: StopFlag, saved: TrainerState | N
     # versions an evaluator scores later are published even in mode train, and never pruned
     scored = set(config.eval.scored_versions(tcfg.steps)) if config.eval.evaluator else set()
 
-    def publish() -> None:
+    def publish() -> int:
         publish_weights(run.weights, trainer.model.state_dict(), step, keep_also=scored)
+        return step
 
     def save() -> None:
+        t0 = time.monotonic()
         save_trainer_state(run.ckpt, step, model=trainer.model, optimizer=trainer.optimizer,
-                           scheduler=trainer.scheduler, cursor=reader.state_dict(),
+                           scheduler=trainer.scheduler, cursor=cursor,
                            extra={"last_eval": last_eval}, config_hash=chash)
+        ledger.append("save", step=step)
+        clock.observe_save(time.monotonic() - t0)
+
+    def beat(status: str, **fields: Any) -> None:
+        write_heartbeat(run, "trainer", status=status, step=step, restarts=history.restarts,
+                        redone=history.redone, **fields)
 
     exhausted = False
     try:
@@ -365,22 +200,30 @@ def _lead(trainer: Trainer, run: RunDir, stop: StopFlag, saved: TrainerState | N
             if batch is None:
                 exhausted = not stop
                 break
-            wait = time.monotonic() - t0
+            t1 = time.monotonic()
             followers.send("batch")
             values = trainer.step(batch)
             step += 1
+            cursor = reader.state_dict()
+            published = None
             if (config.mode == "both" and step % config.sync.interval == 0) or step in scored:
-                publish()
+                published = publish()
             if config.eval.interval and step % config.eval.interval == 0 and eval_tasks:
                 values["eval_accuracy"] = trainer.accuracy(eval_tasks)
                 last_eval = step
-            values.update(seconds=time.monotonic() - t0, wait_seconds=wait,
+            clock.observe_step(time.monotonic() - t1)
+            values.update(seconds=time.monotonic() - t0, wait_seconds=t1 - t0,
                           backlog=reader.pending)
+            ledger.append("step", step=step, consumed=compact_refs(batch.refs),
+                          published=published, dropped_stale=batch.dropped_stale,
+                          seconds=round(time.monotonic() - t0, 4))
             metrics.log(step, values)
             if step % tcfg.save_interval == 0:
                 save()
                 last_saved = step
-            write_heartbeat(run, "trainer", status="running", step=step, backlog=reader.pending)
+            beat("running", backlog=reader.pending)
+            if not clock.next_step_fits():
+                stop.out_of_time()
         followers.send("stop")
         if last_saved != step:
             save()
@@ -390,8 +233,11 @@ def _lead(trainer: Trainer, run: RunDir, stop: StopFlag, saved: TrainerState | N
                 publish()
             if eval_tasks and last_eval != step:
                 metrics.log(step, {"eval_accuracy": trainer.accuracy(eval_tasks)})
+        ledger.append("stop", step=step, reason="done" if done else stop.reason)
     finally:
         metrics.close()
-    write_heartbeat(run, "trainer", status="done" if done else "stopped", step=step,
-                    final_version=step if done else None)
+        ledger.close()
+    beat("done" if done else "stopped", final_version=step if done else None)
+    if not done:
+        stop.check_requeue()
     return step

@@ -1,0 +1,116 @@
+"""The ledger: what each role did, step by step, appended to `ledger/<role>.jsonl`.
+
+The trainer records which buffer records every step consumed and which weights it
+published; explorers record each step they wrote; every process records its start (with the
+step it resumed from) and its stop. `rft-hpc audit` checks a run's invariants from the buffer
+and these files alone (docs/ledger.md). One writer per file; each line is one complete JSON
+object, written with a single `write` and (for the trainer) fsynced before the checkpoint
+that covers it, so a checkpoint never holds a step the ledger lacks. A line torn by a crash
+can only be the last one, and readers skip it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+LEDGER_VERSION = 1
+
+
+class LedgerWriter:
+    """Appends events of one role to `<ledger_dir>/<role>.jsonl`."""
+
+    def __init__(self, ledger_dir: Path, role: str, *, durable: bool = True) -> None:
+        ledger_dir.mkdir(parents=True, exist_ok=True)
+        self.path = ledger_dir / f"{role}.jsonl"
+        self.durable = durable
+        self._fd = os.open(self.path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o666)
+        _cut_torn_tail(self._fd)
+        if os.fstat(self._fd).st_size == 0:
+            self.append("ledger", ledger_version=LEDGER_VERSION, role=role)
+
+    def append(self, event: str, **fields: Any) -> None:
+        """Append one event (with the time) in one write; fsync it when durable."""
+        line = json.dumps({"event": event, "time": time.time(), **fields},
+                          separators=(",", ":")) + "\n"
+        os.write(self._fd, line.encode("utf-8"))
+        if self.durable:
+            os.fsync(self._fd)
+
+    def start(self, resume_step: int, *, first_redone: int) -> RestartCount:
+        """Record that a process of this role started, resuming at `resume_step` (see
+        docs/ledger.md), and count the restarts and redone steps so far: every step event
+        numbered `first_redone` or later that is still in effect is void from now on."""
+        history = read_ledger(self.path)
+        restarts = int(os.environ.get("SLURM_RESTART_COUNT", "0") or 0)
+        self.append("start", resume_step=resume_step, pid=os.getpid(),
+                    slurm_restarts=restarts, job=os.environ.get("SLURM_JOB_ID"),
+                    first_redone=first_redone)
+        return count_restarts([*history, {"event": "start", "first_redone": first_redone}])
+
+    def close(self) -> None:
+        os.close(self._fd)
+
+
+@dataclass(frozen=True)
+class RestartCount:
+    """How often a role's processes were started again, and the steps they redid."""
+
+    restarts: int
+    redone: int
+
+
+def count_restarts(events: Iterable[dict[str, Any]]) -> RestartCount:
+    """Restarts (start events after the first) and redone steps (step events voided by a
+    later start's `first_redone`) in a ledger's events."""
+    starts = redone = 0
+    live: list[int] = []
+    for event in events:
+        if event["event"] == "start":
+            starts += 1
+            first = event["first_redone"]
+            redone += sum(1 for step in live if step >= first)
+            live = [step for step in live if step < first]
+        elif event["event"] == "step":
+            live.append(event["step"])
+    return RestartCount(max(0, starts - 1), redone)
+
+
+def compact_refs(refs: Iterable[Any]) -> list[list[Any]]:
+    """Record refs (writer, segment, index) as `[[writer, segment, [index, ...]], ...]` in
+    the order first seen, the ledger's form of a step's `consumed` field."""
+    groups: dict[tuple[str, int], list[int]] = {}
+    for ref in refs:
+        groups.setdefault((ref.writer, ref.segment), []).append(ref.index)
+    return [[w, s, idx] for (w, s), idx in groups.items()]
+
+
+def read_ledger(path: Path) -> list[dict[str, Any]]:
+    """The events of one ledger file in order (a torn last line is skipped)."""
+    if not path.exists():
+        return []
+    data = path.read_bytes()
+    complete = data[:data.rfind(b"\n") + 1]  # empty when not one line is complete
+    events = []
+    for number, line in enumerate(complete.split(b"\n"), 1):
+        if line.strip():
+            try:
+                events.append(json.loads(line))
+            except ValueError:
+                raise ValueError(f"{path}:{number}: not a JSON line") from None
+    return events
+
+
+def _cut_torn_tail(fd: int) -> None:
+    """Drop a last line without its newline (a writer killed mid-write): appending after it
+    would glue two events into one unreadable line."""
+    size = os.fstat(fd).st_size
+    if size == 0 or os.pread(fd, 1, size - 1) == b"\n":
+        return
+    data = os.pread(fd, size, 0)
+    os.ftruncate(fd, data.rfind(b"\n") + 1)
