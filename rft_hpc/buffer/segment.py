@@ -1,4 +1,4 @@
-"""One segment file: its schema, how it is written, how it is read and checked.
+"""One segment file: its schema and how it is read and checked (written by `segment_write`).
 
 A segment holds the records of one writer for a range of steps `[step_start, step_end)`, in
 one HDF5 file with one dataset per field (docs/buffer-format.md). Variable-length sequences
@@ -11,31 +11,22 @@ from __future__ import annotations
 import json
 import os
 import re
-import time
 import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from operator import attrgetter
 from pathlib import Path
 from typing import Any
 
 import h5py
 import numpy as np
-from h5py import h5a, h5d, h5p, h5s, h5t
+from h5py import h5a, h5d, h5s
 
-from rft_hpc import __version__
 from rft_hpc.buffer.records import RECORD_TYPES, Record
 from rft_hpc.errors import UserError
 
 SCHEMA_VERSION = 1
 LIBVER = ("v110", "v110")  # readable by any HDF5 >= 1.10; metadata carries checksums
 _NAME = re.compile(r"^(\d+)\.h5$")
-# The writer and reader use h5py's low-level API (one HDF5 call per dataset and attribute,
-# without the high-level layer's per-call overhead); the files are the same as those made by
-# `h5py.File.create_dataset(name, data=...)` and `attrs[...] = ...`.
-_T_CRC = h5t.py_create(np.dtype("<u4"))
-_JSON = json.JSONEncoder(separators=(",", ":"), sort_keys=True, ensure_ascii=True)
-
 
 _decode_json = json.JSONDecoder().raw_decode  # no whitespace scan: the writer adds none
 
@@ -116,124 +107,6 @@ def parse_segment_name(name: str) -> int | None:
 
 def _crc_array(a: np.ndarray) -> int:
     return zlib.crc32(memoryview(np.ascontiguousarray(a)).cast("B"))
-
-
-def _pack_strings(name: str, values: Sequence[str]) -> np.ndarray:
-    """Strings as one uint8 array: each value's UTF-8 bytes followed by a NUL byte.
-
-    Flat bytes rather than HDF5 variable-length strings: those live in HDF5's global heap,
-    which has no checksum, and a damaged heap can make HDF5 loop forever while reading.
-    """
-    if not values:
-        return np.zeros(0, dtype=np.uint8)
-    joined = "\0".join(values) + "\0"
-    if joined.count("\0") != len(values):
-        raise ValueError(f"a {name} value contains a NUL character")
-    return np.frombuffer(joined.encode("utf-8"), dtype=np.uint8)
-
-
-def _info_json(info: dict[str, Any]) -> str:
-    return _JSON.encode(info) if info else "{}"
-
-
-def _scalar_columns(schema: KindSchema, records: Sequence[Record]) -> dict[str, np.ndarray]:
-    """Per-record number columns, gathered in one pass over the records."""
-    names = [name for name, _ in schema.scalars]
-    if not records:
-        return {name: np.zeros(0, dtype=dtype) for name, dtype in schema.scalars}
-    get = attrgetter(*names)
-    rows = [get(r) for r in records] if len(names) > 1 else [(get(r),) for r in records]
-    # One structured array from the rows (one conversion per value), then one column each.
-    table = np.array(rows, dtype=[(name, dtype) for name, dtype in schema.scalars])
-    return {name: np.ascontiguousarray(table[name]) for name in names}
-
-
-def records_to_columns(kind: str, records: Sequence[Record]) -> dict[str, Any]:
-    """The dataset contents for `records` (all of `kind`), keyed by dataset name."""
-    schema = SCHEMAS[kind]
-    n = len(records)
-    cols: dict[str, Any] = {}
-    for g in schema.groups:
-        first = g.columns[0][0]
-        lengths = np.fromiter((len(getattr(r, first)) for r in records), np.int64, count=n)
-        offsets = np.zeros(n + 1, dtype="<i8")
-        np.cumsum(lengths, out=offsets[1:])
-        cols[g.offsets] = offsets
-        for name, dtype in g.columns:
-            parts = [getattr(r, name) for r in records]
-            cols[name] = (np.concatenate(parts).astype(dtype, copy=False) if parts
-                          else np.zeros(0, dtype=dtype))
-    cols.update(_scalar_columns(schema, records))
-    for name in schema.strings:
-        if name == "info":
-            cols[name] = [_info_json(r.info) for r in records]
-        else:
-            cols[name] = [getattr(r, name) for r in records]
-    return cols
-
-
-def _dcpl() -> h5p.PropDCID:
-    """What `create_dataset` uses without options: contiguous layout, no timestamps."""
-    dcpl = h5p.create(h5p.DATASET_CREATE)
-    dcpl.set_obj_track_times(False)
-    return dcpl
-
-
-def _write_dataset(parent: Any, name: str, data: np.ndarray, tid: h5t.TypeID,
-                   dcpl: h5p.PropDCID, crc: int) -> None:
-    ds = h5d.create(parent, name.encode(), tid, h5s.create_simple(data.shape), dcpl=dcpl)
-    if data.size:
-        ds.write(h5s.ALL, h5s.ALL, data)
-    _write_attr(ds, "crc32", np.array(crc, dtype="<u4"), _T_CRC)
-    ds.close()
-
-
-def _write_attr(obj: Any, name: str, value: np.ndarray, tid: h5t.TypeID) -> None:
-    attr = h5a.create(obj, name.encode(), tid, h5s.create(h5s.SCALAR))
-    attr.write(value)
-    attr.close()
-
-
-def _attr_value(v: Any) -> tuple[np.ndarray, h5t.TypeID]:
-    """A file attribute: int64, float64, or a string as fixed-length UTF-8 bytes (stored in
-    the checksummed object header, never in HDF5's unchecked global heap)."""
-    if isinstance(v, str):
-        raw = v.encode("utf-8")
-        arr = np.array(raw, dtype=f"S{max(1, len(raw))}")
-    else:
-        arr = np.array(v)
-    return arr, h5t.py_create(arr.dtype)
-
-
-def write_segment_file(path: Path, kind: str, records: Sequence[Record], *, writer: str,
-                       step_start: int, step_end: int) -> int:
-    """Write `records` as a complete segment file at `path` (not fsynced, not committed).
-
-    Returns the number of payload bytes written (sum of dataset sizes).
-    """
-    if kind not in SCHEMAS:
-        raise ValueError(f"unknown record kind {kind!r}")
-    for r in records:
-        if r.kind != kind:
-            raise ValueError(f"a {r.kind!r} record in a {kind!r} segment")
-    cols = records_to_columns(kind, records)
-    nbytes = 0
-    dcpl = _dcpl()
-    with h5py.File(path, "w", libver=LIBVER) as f:
-        root = f["/"].id
-        for name, value in {
-            "schema_version": SCHEMA_VERSION, "kind": kind, "writer": writer,
-            "step_start": step_start, "step_end": step_end, "num_records": len(records),
-            "created": time.time(), "producer": f"rft-hpc {__version__}",
-        }.items():
-            _write_attr(root, name, *_attr_value(value))
-        for name, values in cols.items():
-            if isinstance(values, list):
-                values = _pack_strings(name, values)
-            _write_dataset(f.id, name, values, h5t.py_create(values.dtype), dcpl,
-                           _crc_array(values))
-            nbytes += values.nbytes
-    return nbytes
 
 
 @dataclass

@@ -22,8 +22,8 @@ from rft_hpc.buffer.segment import (
     committed_segments,
     read_segment_attrs,
     segment_name,
-    write_segment_file,
 )
+from rft_hpc.buffer.segment_write import write_segment_file
 from rft_hpc.rundir import TEMP_PREFIX, commit_file, is_temporary
 
 log = logging.getLogger(__name__)

@@ -1,11 +1,12 @@
 #!/usr/bin/env python
 """Benchmark the HDF5 experience buffer against the raw disk, in one run, on one folder.
 
-    python tools/bench/buffer.py [--dir DIR] [--gb 1] [--records-per-segment 512] [--json]
+    python tools/bench/buffer.py [--dir DIR] [--gb 1] [--records-per-segment 1024] [--json]
 
 Measures, all inside one fresh subfolder of DIR (default: the current folder):
 
-1. raw disk: `dd if=/dev/zero bs=1M conv=fdatasync` write, then a `dd` read of that file;
+1. raw disk: `dd if=/dev/zero bs=1M conv=fdatasync` write of exactly as many bytes as the
+   4096-token segment files take, then a `dd` read of that file;
 2. buffer writes with `SegmentWriter(durable=True)` (an fsync per segment, committed in the
    background as explorers do, and, for reference, in the foreground): 4096-token
    `Experience` records (bytes/s of segment files on disk) and 256-token records (records/s);
@@ -186,21 +187,25 @@ def run(folder: Path, gb: float, per_segment: int, records_256: int, drop: bool,
         repeat: int) -> tuple[list[Figure], dict[str, float | int | str]]:
     """Measure everything in `folder` (median of `repeat` runs); the figures and settings."""
     figs: list[Figure] = []
-    mb = max(1, round(gb * GB / 2**20))
     dd_file = folder / "dd.bin"
     # 4096-token records: about `gb` of segment files.
     rec_bytes = 4096 * 9 + 64
     n_big = max(per_segment, round(gb * GB / rec_bytes / per_segment) * per_segment)
     big = make_records(n_big, 4096, seed=1)
     buf_big = folder / "buffer-4096"
+    # A first, untimed write gives the exact size of the segment files: dd then writes as
+    # many bytes (one file, one fdatasync) to the same folder.
+    _, size = write_records(buf_big, "explorer-0", big, per_segment)
     # dd, the buffer and plain files take turns, so that each ratio compares runs made
     # under the same conditions (a shared or virtual disk's speed drifts a lot).
     dd_w, dd_r, buf_w, serial_w, plain_w = [], [], [], [], []
     for _ in range(repeat):
         dd_file.unlink(missing_ok=True)
+        shutil.rmtree(buf_big, ignore_errors=True)
         os.sync()
-        nbytes, secs = _dd(["if=/dev/zero", f"of={dd_file}", "bs=1M", f"count={mb}",
-                            "conv=fdatasync"])
+        nbytes, secs = _dd(["if=/dev/zero", f"of={dd_file}", "bs=1M", f"count={size}",
+                            "iflag=count_bytes", "conv=fdatasync"])
+        assert nbytes == size, (nbytes, size)
         dd_w.append(nbytes / secs)
         if drop:
             drop_caches()
@@ -256,7 +261,8 @@ def run(folder: Path, gb: float, per_segment: int, records_256: int, drop: bool,
         "folder": str(folder), "records_per_segment": per_segment,
         "segment_mb_4096": round(seg_big / 2**20, 2),
         "segment_mb_256": round(size_small / (records_256 // per_segment) / 2**20, 2),
-        "records_4096": n_big, "records_256": records_256, "dd_mb": mb, "repeat": repeat,
+        "records_4096": n_big, "records_256": records_256, "bytes_4096": size,
+        "repeat": repeat,
         "page_cache_dropped": str(drop),
     }
     return figs, settings

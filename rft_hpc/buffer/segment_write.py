@@ -1,0 +1,279 @@
+"""Writing one segment file (docs/buffer-format.md): HDF5 lays out the file, `pwritev` fills it.
+
+HDF5 creates the file, its attributes and one contiguous dataset per field, with the space
+of each dataset allocated at creation. The payload then goes straight from the records'
+own arrays into that space with `os.pwritev` (no copy into one big array first, no HDF5
+call per record), while a helper thread computes the checksums over the same arrays; the
+`crc32` attributes are written last and HDF5 closes the file. The result is an ordinary
+HDF5 file: contiguous datasets, as `h5py.File.create_dataset(name, data=...)` makes them
+(bar the allocation-time setting, which readers ignore).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+import zlib
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from operator import attrgetter
+from typing import Any
+
+import h5py
+import numpy as np
+from h5py import h5a, h5d, h5p, h5s, h5t
+
+from rft_hpc import __version__
+from rft_hpc.buffer.records import Record
+from rft_hpc.buffer.segment import LIBVER, SCHEMA_VERSION, SCHEMAS, KindSchema
+
+# Records at least this large per field are written from their own arrays; smaller ones
+# are first joined by numpy, which costs less than a Python check of each little array.
+_DIRECT_MIN_BYTES = 8192
+# Checksums of segments at least this large are computed on a helper thread.
+_THREADED_MIN_BYTES = 4 << 20
+_IOV_MAX = 1024  # buffers per pwritev call: Linux's and macOS's IOV_MAX
+_DTYPE = attrgetter("dtype")
+_C_CONTIGUOUS = attrgetter("flags.c_contiguous")
+# h5py's low-level API: one HDF5 call per dataset and attribute, without the high-level
+# layer's per-call overhead.
+_T_CRC = h5t.py_create(np.dtype("<u4"))
+_JSON = json.JSONEncoder(separators=(",", ":"), sort_keys=True, ensure_ascii=True)
+
+
+@dataclass
+class _Column:
+    """One dataset's contents: `parts` written one after another, `length` elements."""
+
+    name: str
+    dtype: np.dtype
+    length: int
+    parts: list[np.ndarray]
+
+    @property
+    def nbytes(self) -> int:
+        return self.length * self.dtype.itemsize
+
+
+def _pack_strings(name: str, values: Sequence[str]) -> np.ndarray:
+    """Strings as one uint8 array: each value's UTF-8 bytes followed by a NUL byte.
+
+    Flat bytes rather than HDF5 variable-length strings: those live in HDF5's global heap,
+    which has no checksum, and a damaged heap can make HDF5 loop forever while reading.
+    """
+    if not values:
+        return np.zeros(0, dtype=np.uint8)
+    joined = "\0".join(values) + "\0"
+    if joined.count("\0") != len(values):
+        raise ValueError(f"a {name} value contains a NUL character")
+    return np.frombuffer(joined.encode("utf-8"), dtype=np.uint8)
+
+
+def _info_json(info: dict[str, Any]) -> str:
+    return _JSON.encode(info) if info else "{}"
+
+
+def _scalar_columns(schema: KindSchema, records: Sequence[Record]) -> dict[str, np.ndarray]:
+    """Per-record number columns, gathered in one pass over the records."""
+    names = [name for name, _ in schema.scalars]
+    if not records:
+        return {name: np.zeros(0, dtype=dtype) for name, dtype in schema.scalars}
+    get = attrgetter(*names)
+    rows = [get(r) for r in records] if len(names) > 1 else [(get(r),) for r in records]
+    # One structured array from the rows (one conversion per value), then one column each.
+    table = np.array(rows, dtype=[(name, dtype) for name, dtype in schema.scalars])
+    return {name: np.ascontiguousarray(table[name]) for name in names}
+
+
+def _write_attr(obj: Any, name: str, value: np.ndarray, tid: h5t.TypeID) -> None:
+    attr = h5a.create(obj, name.encode(), tid, h5s.create(h5s.SCALAR))
+    attr.write(value)
+    attr.close()
+
+
+def _attr_value(v: Any) -> tuple[np.ndarray, h5t.TypeID]:
+    """A file attribute: int64, float64, or a string as fixed-length UTF-8 bytes (stored in
+    the checksummed object header, never in HDF5's unchecked global heap)."""
+    if isinstance(v, str):
+        raw = v.encode("utf-8")
+        arr = np.array(raw, dtype=f"S{max(1, len(raw))}")
+    else:
+        arr = np.array(v)
+    return arr, h5t.py_create(arr.dtype)
+
+
+def _whole(name: str, values: np.ndarray) -> _Column:
+    return _Column(name, values.dtype, len(values), [values])
+
+
+def _sequence_column(name: str, dtype: str, records: Sequence[Record],
+                     lengths: np.ndarray, total: int) -> _Column:
+    """A token-aligned field: each record's array, checked to match its record's length."""
+    dt = np.dtype(dtype)
+    parts = [getattr(r, name) for r in records]
+    got = np.fromiter(map(len, parts), np.int64, count=len(parts))
+    if not np.array_equal(got, lengths):
+        bad = int(np.flatnonzero(got != lengths)[0])
+        raise ValueError(f"record {bad}: {name} has {got[bad]} entries, its sequence has "
+                         f"{lengths[bad]}")
+    if parts and total * dt.itemsize >= _DIRECT_MIN_BYTES * len(parts) and \
+            set(map(type, parts)) == {np.ndarray} and set(map(_DTYPE, parts)) == {dt} and \
+            all(map(_C_CONTIGUOUS, parts)):
+        return _Column(name, dt, total, parts)
+    joined = np.concatenate(parts).astype(dt, copy=False) if parts else np.zeros(0, dt)
+    return _Column(name, dt, total, [np.ascontiguousarray(joined)])
+
+
+def _sequence_columns(schema: KindSchema, records: Sequence[Record]) -> list[_Column]:
+    """The offsets and token-aligned datasets of a segment holding `records`, in file order."""
+    n = len(records)
+    cols: list[_Column] = []
+    for g in schema.groups:
+        first = g.columns[0][0]
+        lengths = np.fromiter((len(getattr(r, first)) for r in records), np.int64, count=n)
+        offsets = np.zeros(n + 1, dtype="<i8")
+        np.cumsum(lengths, out=offsets[1:])
+        cols.append(_whole(g.offsets, offsets))
+        total = int(offsets[-1])
+        cols += [_sequence_column(name, dtype, records, lengths, total)
+                 for name, dtype in g.columns]
+    return cols
+
+
+def _record_columns(schema: KindSchema, records: Sequence[Record]) -> list[_Column]:
+    """The per-record number and string datasets of a segment holding `records`."""
+    cols = [_whole(name, v) for name, v in _scalar_columns(schema, records).items()]
+    for name in schema.strings:
+        values = ([_info_json(r.info) for r in records] if name == "info"
+                  else [getattr(r, name) for r in records])
+        cols.append(_whole(name, _pack_strings(name, values)))
+    return cols
+
+
+def _crc(col: _Column) -> int:
+    crc = 0
+    for part in col.parts:
+        crc = zlib.crc32(part, crc)
+    return crc
+
+
+def _beside(work: Callable[[], None], nbytes: int) -> Callable[[], None]:
+    """Run `work` on a helper thread when it moves at least `_THREADED_MIN_BYTES`, else now;
+    the returned call waits for it and raises what it raised.
+
+    `pwritev` and zlib release the GIL, so the caller's own work runs meanwhile. A fresh
+    thread each time, not a pool: a pool's thread would not survive a fork of the process.
+    """
+    if nbytes < _THREADED_MIN_BYTES:
+        work()
+        return lambda: None
+    failure: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            work()
+        except BaseException as exc:  # handed to the waiting thread
+            failure.append(exc)
+
+    thread = threading.Thread(target=run, name="segment-crc", daemon=True)
+    thread.start()
+
+    def wait() -> None:
+        thread.join()
+        if failure:
+            raise failure.pop()
+
+    return wait
+
+
+def _pwrite_all(fd: int, parts: list[np.ndarray], offset: int) -> None:
+    """Write `parts` back to back at `offset`, as few system calls as possible."""
+    pos = 0
+    while pos < len(parts):
+        batch = parts[pos:pos + _IOV_MAX]
+        done = os.pwritev(fd, batch, offset)
+        offset += done
+        for p in batch:
+            if done < p.nbytes:
+                break
+            done -= p.nbytes
+            pos += 1
+        else:
+            continue
+        # A short write (rare on a local disk) stopped inside parts[pos]: finish that part.
+        rest = memoryview(parts[pos]).cast("B")[done:]
+        while rest:
+            k = os.pwrite(fd, rest, offset)
+            offset += k
+            rest = rest[k:]
+        pos += 1
+
+
+def _dcpl() -> h5p.PropDCID:
+    """Contiguous layout, space allocated when the dataset is made (so that its offset is
+    known before any data is written), never filled by HDF5, no timestamps."""
+    dcpl = h5p.create(h5p.DATASET_CREATE)
+    dcpl.set_obj_track_times(False)
+    dcpl.set_layout(h5d.CONTIGUOUS)
+    dcpl.set_alloc_time(h5d.ALLOC_TIME_EARLY)
+    dcpl.set_fill_time(h5d.FILL_TIME_NEVER)
+    return dcpl
+
+
+def write_segment_file(path: os.PathLike[str] | str, kind: str, records: Sequence[Record], *,
+                       writer: str, step_start: int, step_end: int) -> int:
+    """Write `records` as a complete segment file at `path` (not fsynced, not committed).
+
+    Returns the number of payload bytes written (sum of dataset sizes).
+    """
+    if kind not in SCHEMAS:
+        raise ValueError(f"unknown record kind {kind!r}")
+    for r in records:
+        if r.kind != kind:
+            raise ValueError(f"a {r.kind!r} record in a {kind!r} segment")
+    schema = SCHEMAS[kind]
+    cols = _sequence_columns(schema, records) + _record_columns(schema, records)
+    # The checksums are computed on a helper thread while this one writes the same bytes.
+    crcs: list[int] = []
+    wait = _beside(lambda: crcs.extend(_crc(c) for c in cols), sum(c.nbytes for c in cols))
+    try:
+        _write_file(path, cols, crcs, wait, {
+            "schema_version": SCHEMA_VERSION, "kind": kind, "writer": writer,
+            "step_start": step_start, "step_end": step_end, "num_records": len(records),
+            "created": time.time(), "producer": f"rft-hpc {__version__}"})
+    finally:
+        wait()
+    return sum(c.nbytes for c in cols)
+
+
+def _write_file(path: os.PathLike[str] | str, cols: list[_Column], crcs: list[int],
+                crcs_done: Callable[[], None], attrs: dict[str, Any]) -> None:
+    dcpl = _dcpl()
+    # The data goes in through HDF5's own file descriptor while HDF5 holds the file open:
+    # safe because HDF5 never writes (or caches) a byte of a dataset it is given no data
+    # for (fill time "never"). sec2, plain POSIX I/O, whatever HDF5_DRIVER says: no other
+    # driver may keep its own image of the file.
+    with h5py.File(path, "w", libver=LIBVER, driver="sec2") as f:
+        root = f["/"].id
+        for name, value in attrs.items():
+            _write_attr(root, name, *_attr_value(value))
+        placed = [(_create(f, c, dcpl), c) for c in cols]
+        _fill(f.id.get_vfd_handle(), placed)
+        crcs_done()
+        for (ds, _), crc in zip(placed, crcs, strict=True):
+            _write_attr(ds, "crc32", np.array(crc, dtype="<u4"), _T_CRC)
+            ds.close()
+
+
+def _create(f: h5py.File, col: _Column, dcpl: h5p.PropDCID) -> h5d.DatasetID:
+    return h5d.create(f.id, col.name.encode(), h5t.py_create(col.dtype),
+                      h5s.create_simple((col.length,)), dcpl=dcpl)
+
+
+def _fill(fd: int, placed: list[tuple[h5d.DatasetID, _Column]]) -> None:
+    """Write each column's data into the space HDF5 allocated for its dataset."""
+    for ds, col in placed:
+        if col.length:
+            _pwrite_all(fd, col.parts, ds.get_offset())
