@@ -48,7 +48,7 @@ def _register_commands() -> None:
 
     app.command("run")(run_cmd.run)
     for command in (slurm_cmd.submit, slurm_cmd.render, slurm_cmd.status, slurm_cmd.cancel,
-                    slurm_cmd.logs):
+                    slurm_cmd.logs, slurm_cmd.resume):
         app.command(command.__name__)(command)
     app.command("validate")(validate_cmd.validate)
     app.command("audit")(audit_cmd.audit)

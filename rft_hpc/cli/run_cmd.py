@@ -112,6 +112,15 @@ def role_prepare(
     console.print(f"prepared {stage.root}")
 
 
+@role_app.command("resume")
+def role_resume(run: Path = typer.Argument(..., help="Run directory.")) -> None:
+    """Resubmit a run's failed jobs (the watcher job of `submit --auto-resume`)."""
+    from rft_hpc.launch.resume import resume_run
+
+    result = resume_run(run)
+    console.print(f"resubmitted: {', '.join(j.name for j in result.jobs) or 'nothing'}")
+
+
 @role_app.command("finalize")
 def role_finalize(run: Path = typer.Argument(..., help="Run directory.")) -> None:
     """Finish the last stage, write summary.json and report.png (the last job of a run)."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import time
 from pathlib import Path
+from typing import Any
 
 import typer
 from rich.console import Group
@@ -23,11 +24,14 @@ def submit(
     name: str | None = _NAME,
     dry_run: bool = typer.Option(False, "--dry-run",
                                  help="Print the sbatch scripts; create and submit nothing."),
+    auto_resume: bool = typer.Option(False, "--auto-resume", help="If a role's job fails, "
+                                     "a watcher job runs `rft-hpc resume` (up to "
+                                     "launch.max_resubmits times)."),
 ) -> None:
     """Submit an experiment as Slurm jobs (resumes a run submitted before with this config)."""
     from rft_hpc.launch.submit import submit_run
 
-    result = submit_run(config, set_, name=name, dry_run=dry_run)
+    result = submit_run(config, set_, name=name, dry_run=dry_run, auto_resume=auto_resume)
     if result.finished:
         console.print(f"{result.root} has finished: nothing to submit "
                       f"(summary: {result.root / 'summary.json'})")
@@ -40,14 +44,37 @@ def submit(
         console.print(f"dry run: {len(result.jobs)} job(s) for {result.root}; nothing was "
                       "submitted")
         return
-    table = Table(title=f"run {result.root.name}: submitted")
+    console.print(submitted_table(result, "submitted"))
+    console.print(f"run directory: {result.root}   watch: rft-hpc status {result.root}")
+
+
+def submitted_table(result: Any, what: str) -> Table:
+    """One row per job submitted: name, Slurm id, the jobs it waits for, its script."""
+    table = Table(title=f"run {result.root.name}: {what}")
     for col in ("job", "slurm id", "waits for", "script"):
         table.add_column(col)
     for job in result.jobs:
-        table.add_row(job.name, result.ids[job.name], ", ".join(job.after) or "-",
-                      job.file_name)
-    console.print(table)
-    console.print(f"run directory: {result.root}   watch: rft-hpc status {result.root}")
+        waits = ", ".join(job.after) or "-"
+        if job.dependency != "afterok":
+            waits = f"{job.dependency} {waits}"
+        table.add_row(job.name, ", ".join(result.ids.get(job.name, [])), waits, job.file_name)
+    return table
+
+
+def resume(
+    run: Path = typer.Argument(..., help="Run directory."),
+) -> None:
+    """Resubmit the jobs of a run that failed, were cancelled or died with a node; they
+    continue from their checkpoints. Jobs still queued are kept."""
+    from rft_hpc.launch.resume import resume_run
+
+    result = resume_run(run)
+    if result.finished:
+        console.print(f"{result.root} has finished: nothing to resume")
+    elif not result.jobs:
+        console.print(f"{result.root}: every unfinished job is still queued; nothing to resume")
+    else:
+        console.print(submitted_table(result, "resubmitted"))
 
 
 def render(
@@ -85,7 +112,7 @@ def status(
         console.print(status_view(info))
         return
     with Live(status_view(info), console=console, refresh_per_second=1) as live:
-        while info["state"] == "running":
+        while info["state"] in ("running", "resuming"):
             time.sleep(WATCH_SECONDS)
             info = run_status(run)
             live.update(status_view(info))
@@ -96,7 +123,8 @@ WATCH_SECONDS = 2.0
 
 def status_view(info: dict) -> Group:
     """The job table and the role table of `rft-hpc status`."""
-    jobs = Table(title=f"run {Path(info['run']).name}: {info['state']}")
+    resubmitted = f", resubmitted {info['submissions'] - 1}x" if info["submissions"] > 1 else ""
+    jobs = Table(title=f"run {Path(info['run']).name}: {info['state']}{resubmitted}")
     for col in ("job", "slurm id", "state", "tasks"):
         jobs.add_column(col)
     for job in info["jobs"]:
@@ -104,7 +132,8 @@ def status_view(info: dict) -> Group:
             job["tasks"]) > 1 else ""
         jobs.add_row(job["name"], job["id"], job["state"], tasks)
     roles = Table(title="roles (heartbeats)")
-    columns = ("stage", "role", "status", "step", "version", "age", "backlog", "restarts")
+    columns = ("stage", "role", "status", "step", "version", "age", "backlog", "restarts",
+               "redone")
     for col in columns:
         roles.add_column("age (s)" if col == "age" else col,
                          justify="left" if col in ("stage", "role", "status") else "right")

@@ -255,6 +255,10 @@ class LaunchConfig(_Section):
     """Unix group to share the run directory with: it owns the folder, and the set-group-ID
     bit makes everything created inside inherit it. Null: the user's default group."""
 
+    max_resubmits: int = Field(3, ge=0)
+    """How many times `rft-hpc resume` (by hand, or the watchers of `submit --auto-resume`)
+    may resubmit the run's failed jobs."""
+
     python: str | None = None
     """Python interpreter the jobs run rft-hpc with; null: the one running `rft-hpc submit`
     (a virtual environment on the shared filesystem), or `python3` inside a container."""

@@ -12,7 +12,7 @@ from __future__ import annotations
 import shlex
 import string
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from rft_hpc.launch.config import LaunchConfig, SlurmRoleConfig
@@ -48,6 +48,9 @@ class Job:
     array: int | None = None
     stage: str | None = None
     logs: tuple[Path, ...] = ()
+    dependency: str = "afterok"
+    """How it waits for the jobs in `after`: `afterok` (they succeeded), or `afternotok`
+    for a watcher (one of them failed; it also waits until no other watcher runs)."""
 
     @property
     def file_name(self) -> str:
@@ -218,13 +221,47 @@ def helper_job(ctx: JobContext, name: str, role: str, *, index: int | None = Non
     return Job(name, role, "launch.slurm.helper", script, after, None, stage, (log,))
 
 
+def watch_job(ctx: JobContext, watched: Job) -> Job:
+    """The watcher of a role's job (`submit --auto-resume`): if that job fails, it runs
+    `rft-hpc resume` on the run; if the job succeeds, Slurm drops it unrun. Every watcher of
+    a run has the same Slurm job name, and at most one runs at a time (`singleton`)."""
+    settings = ctx.launch.slurm.helper_settings()
+    name = f"{watched.name}.watch"
+    log = ctx.run.jobs / "watch.log"
+    script = render_script(ctx, settings, key="launch.slurm.helper",
+                           title=f"resume the run if {watched.name} fails", job_name="watch",
+                           log=log, command=role_command("resume", ctx.run.root,
+                                                         python=ctx.python(settings)),
+                           threads=1)
+    return Job(name, "watch", "launch.slurm.helper", script, (watched.name,), None,
+               watched.stage, (log,), dependency="afternotok")
+
+
+def dependency_option(job: Job, ids: list[str]) -> str | None:
+    """The `--dependency=` value of `job` waiting for the Slurm jobs `ids`."""
+    if job.dependency == "afternotok":
+        return f"afternotok:{':'.join(ids)},singleton" if ids else "singleton"
+    return f"afterok:{':'.join(ids)}" if ids else None
+
+
+def with_array_tasks(job: Job, indices: list[int]) -> Job:
+    """`job` (an array) running only the array tasks `indices`."""
+    lines = job.script.split("\n")
+    for i, line in enumerate(lines):
+        if line.startswith("#SBATCH --array="):
+            limit = line.partition("%")[2]
+            lines[i] = f"#SBATCH --array={','.join(map(str, indices))}" + (
+                f"%{limit}" if limit else "")
+    return replace(job, script="\n".join(lines))
+
+
 def submit_script(jobs: list[Job], run_name: str, source: str) -> str:
     """`submit.sh` for `rft-hpc render`: sbatch of every job in order, with dependencies."""
     lines, ids = [], {}
     for number, job in enumerate(jobs):
         var = f"job{number}"
-        deps = ":".join(f"${{{ids[a]}%%;*}}" for a in job.after)
-        dep = f"--kill-on-invalid-dep=yes --dependency=afterok:{deps} " if deps else ""
+        option = dependency_option(job, [f"${{{ids[a]}%%;*}}" for a in job.after])
+        dep = f"--kill-on-invalid-dep=yes --dependency={option} " if option else ""
         lines += [f"{var}=$(sbatch --parsable {dep}{shlex.quote(job.file_name)})",
                   f'echo {shlex.quote(job.name + ":")} "${{{var}%%;*}}"']
         ids[job.name] = var

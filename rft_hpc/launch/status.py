@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from rft_hpc.errors import UserError
-from rft_hpc.launch.submit import JOBS_FILE, latest_ids, queued_jobs
+from rft_hpc.launch.submit import JOBS_FILE, latest_job_ids, queued_jobs, submissions
 from rft_hpc.rundir import RunDir, read_json
 
 FAILED = frozenset({"BOOT_FAIL", "CANCELLED", "DEADLINE", "FAILED", "NODE_FAIL",
@@ -66,24 +66,29 @@ def run_status(path: Path) -> dict[str, Any]:
     run = open_run_dir(path)
     if not (run.state / JOBS_FILE).exists():
         raise UserError(f"{path} was never submitted to Slurm (no state/{JOBS_FILE})")
-    entries = read_json(run.state / JOBS_FILE)["submissions"][-1]["jobs"]
+    history = submissions(run)
+    entries = history[-1]["jobs"]
     states = job_states([e["id"] for e in entries])
-    jobs = []
+    jobs, watchers = [], []
     for entry in entries:
         mine = {k: v for k, v in states.items()
                 if k == entry["id"] or k.startswith(entry["id"] + "_")}
-        jobs.append({"name": entry["name"], "id": entry["id"], "role": entry["role"],
-                     "stage": entry["stage"], "state": _overall(list(mine.values())),
-                     "tasks": mine})
+        job = {"name": entry["name"], "id": entry["id"], "role": entry["role"],
+               "stage": entry["stage"], "state": _overall(list(mine.values())), "tasks": mine}
+        (watchers if entry["role"] == "watch" else jobs).append(job)
     roles = list(heartbeats(run))
     summary = run.root / "summary.json"
     active = any(j["state"] not in FAILED | {"COMPLETED"} for j in jobs)
     failed = any(j["state"] in FAILED for j in jobs)
     cancelled = failed and all(j["state"] in ("CANCELLED", "COMPLETED") for j in jobs)
-    state = ("running" if active else "done" if summary.exists() else
-             "cancelled" if cancelled else "failed" if failed else "running")
+    # a failed job's watcher is about to resubmit (those of succeeded jobs are dropped)
+    resuming = failed and any(j["state"] in ("PENDING", "RUNNING") for j in watchers)
+    state = ("running" if active else "done" if summary.exists() else "resuming" if resuming
+             else "cancelled" if cancelled else "failed" if failed else "running")
     return {"run": str(run.root), "state": state, "jobs": jobs, "roles": roles,
-            "summary": str(summary) if summary.exists() else None}
+            "summary": str(summary) if summary.exists() else None,
+            "submissions": len(history), "auto_resume": bool(history[-1].get("auto_resume")),
+            "watchers": len(watchers)}
 
 
 def _overall(states: list[str]) -> str:
@@ -113,7 +118,8 @@ def heartbeats(run: RunDir) -> Iterator[dict[str, Any]]:
             yield {"stage": stage.name, "role": path.stem, "status": beat.get("status"),
                    "step": beat.get("step"), "version": version,
                    "age": round(now - beat["time"], 1) if "time" in beat else None,
-                   "backlog": beat.get("backlog"), "restarts": beat.get("restarts", 0)}
+                   "backlog": beat.get("backlog"), "restarts": beat.get("restarts", 0),
+                   "redone": beat.get("redone", 0)}
 
 
 def _published(stage: RunDir) -> int | None:
@@ -129,10 +135,10 @@ def cancel_run(path: Path, timeout: float = 60.0) -> list[str]:
     """scancel every job of the run's latest submission; wait until squeue lists none of
     them. Returns the ids that were still queued."""
     run = open_run_dir(path)
-    ids = latest_ids(run)
+    ids = latest_job_ids(run)
     queued = queued_jobs(ids)
     if queued:
-        _slurm(["scancel", *ids.values()])
+        _slurm(["scancel", *ids])
     deadline = time.monotonic() + timeout
     while queued_jobs(ids):
         if time.monotonic() > deadline:

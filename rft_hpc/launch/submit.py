@@ -22,7 +22,15 @@ from typing import Any
 
 from rft_hpc.config import ExperimentConfig, load_config
 from rft_hpc.errors import UserError
-from rft_hpc.launch.sbatch import Job, JobContext, helper_job, role_job, submit_script
+from rft_hpc.launch.sbatch import (
+    Job,
+    JobContext,
+    dependency_option,
+    helper_job,
+    role_job,
+    submit_script,
+    watch_job,
+)
 from rft_hpc.run.stages import (
     check_runnable,
     check_same_config,
@@ -53,23 +61,26 @@ class SubmitResult:
 
     root: Path
     jobs: list[Job]
-    ids: dict[str, str] = field(default_factory=dict)
-    """Slurm job id of each job name (empty for a dry run or a render)."""
+    ids: dict[str, list[str]] = field(default_factory=dict)
+    """Slurm job ids of each job name (empty for a dry run or a render; more than one
+    where `resume` reruns some tasks of an array that still has others running)."""
     finished: bool = False
     """The run had finished before: nothing to submit."""
 
 
 def submit_run(config_path: Path, overrides: Sequence[str] | None = None,
-               name: str | None = None, dry_run: bool = False) -> SubmitResult:
+               name: str | None = None, dry_run: bool = False,
+               auto_resume: bool = False) -> SubmitResult:
     """Validate a config, lay out and freeze its run directory and submit its jobs.
 
     A run directory that exists with the same config is resumed: finished stages are
-    skipped. `dry_run` renders the scripts and submits (and creates) nothing.
+    skipped. `dry_run` renders the scripts and submits (and creates) nothing. With
+    `auto_resume`, a watcher job per role job runs `rft-hpc resume` if that job fails.
     """
     config, run, first = _load(config_path, overrides, name)
     if first is None:
         return SubmitResult(run.root, [], finished=True)
-    jobs = plan_jobs(config, run, first, source=str(config_path))
+    jobs = plan_jobs(config, run, first, source=str(config_path), auto_resume=auto_resume)
     if dry_run:
         return SubmitResult(run.root, jobs)
     require_slurm()
@@ -77,10 +88,8 @@ def submit_run(config_path: Path, overrides: Sequence[str] | None = None,
     _refuse_if_queued(run)
     check_resources(jobs)
     config, run = create_run(config)
-    _prepare_first(config, run, first)
-    for job in jobs:
-        atomic_write_text(run.jobs / job.file_name, job.script)
-    return SubmitResult(run.root, jobs, _submit_all(run, jobs))
+    prepare_first_stage(config, run, first)
+    return SubmitResult(run.root, jobs, submit_jobs(run, jobs, auto_resume=auto_resume))
 
 
 def render_run(config_path: Path, out: Path, overrides: Sequence[str] | None = None,
@@ -95,7 +104,7 @@ def render_run(config_path: Path, out: Path, overrides: Sequence[str] | None = N
         return SubmitResult(run.root, [], finished=True)
     jobs = plan_jobs(config, run, first, source=str(config_path))
     config, run = create_run(config)
-    _prepare_first(config, run, first)
+    prepare_first_stage(config, run, first)
     out.mkdir(parents=True, exist_ok=True)
     for job in jobs:
         atomic_write_text(out / job.file_name, job.script)
@@ -125,8 +134,23 @@ def first_unfinished(config: ExperimentConfig, run: RunDir) -> int | None:
 
 
 def plan_jobs(config: ExperimentConfig, run: RunDir, first: int, *, source: str,
-              cwd: Path | None = None) -> list[Job]:
-    """The jobs of stages `first`.. in submission order, each after the ones it needs."""
+              cwd: Path | None = None, auto_resume: bool = False) -> list[Job]:
+    """The jobs of stages `first`.. in submission order, each after the ones it needs (with
+    `auto_resume`, each role's job followed by its watcher)."""
+    jobs = _plan(config, run, first, source=source, cwd=cwd)
+    if not auto_resume:
+        return jobs
+    ctx = JobContext(run, config.launch, (cwd or Path.cwd()).resolve(), source)
+    return [j for job in jobs for j in ([job, watch_job(ctx, job)] if job.role in ROLE_JOBS
+                                        else [job])]
+
+
+ROLE_JOBS = frozenset({"explorer", "trainer", "evaluator"})
+"""Roles whose jobs restart from their own checkpoints (and get a watcher)."""
+
+
+def _plan(config: ExperimentConfig, run: RunDir, first: int, *, source: str,
+          cwd: Path | None) -> list[Job]:
     ctx = JobContext(run, config.launch, (cwd or Path.cwd()).resolve(), source)
     jobs: list[Job] = []
     evaluators: list[str] = []  # side branches: the next stage need not wait for them
@@ -158,7 +182,8 @@ def plan_jobs(config: ExperimentConfig, run: RunDir, first: int, *, source: str,
     return jobs
 
 
-def _prepare_first(config: ExperimentConfig, run: RunDir, first: int) -> None:
+def prepare_first_stage(config: ExperimentConfig, run: RunDir, first: int) -> None:
+    """Lay out stage `first` (idempotent), starting from the weights of the stages before."""
     results = [stage_result(RunDir(stage_dir(run, i, n)))
                for i, (n, _) in enumerate(config.stage_configs()[:first])]
     name, stage = config.stage_configs()[first]
@@ -201,53 +226,71 @@ def check_resources(jobs: list[Job]) -> None:
 
 
 def _refuse_if_queued(run: RunDir) -> None:
-    queued = queued_jobs(latest_ids(run))
+    queued = queued_jobs(latest_job_ids(run))
     if queued:
         raise UserError(f"{run.root} has jobs in the queue ({', '.join(queued)}): see "
                         "`rft-hpc status`, or stop them with `rft-hpc cancel`")
 
 
-def latest_ids(run: RunDir) -> dict[str, str]:
-    """Job name -> Slurm id of the run's latest submission (empty if never submitted)."""
+def submissions(run: RunDir) -> list[dict[str, Any]]:
+    """Every submission of the run recorded in `state/jobs.json`, oldest first."""
     path = run.state / JOBS_FILE
-    if not path.exists():
-        return {}
-    submissions = read_json(path)["submissions"]
-    return {j["name"]: j["id"] for j in submissions[-1]["jobs"]} if submissions else {}
+    return read_json(path)["submissions"] if path.exists() else []
 
 
-def queued_jobs(ids: dict[str, str]) -> list[str]:
+def latest_job_ids(run: RunDir) -> list[str]:
+    """Slurm ids of every job of the run's latest submission (empty if never submitted)."""
+    found = submissions(run)
+    return [j["id"] for j in found[-1]["jobs"]] if found else []
+
+
+def queued_jobs(ids: list[str]) -> list[str]:
     """The ids among `ids` that squeue still lists (arrays as their tasks, `12_0`)."""
     if not ids:
         return []
     result = subprocess.run(["squeue", "--noheader", "--array", "--format=%i",
-                             f"--jobs={','.join(ids.values())}"],
+                             f"--jobs={','.join(ids)}"],
                             capture_output=True, text=True, timeout=60, check=False)
     if result.returncode != 0 and "Invalid job id" not in result.stderr:
         raise UserError(f"squeue failed: {result.stderr.strip()}")
     return result.stdout.split()
 
 
-def _submit_all(run: RunDir, jobs: list[Job]) -> dict[str, str]:
-    """Submit in order, recording each id at once; on a failure, cancel those submitted."""
+def submit_jobs(run: RunDir, jobs: list[Job], *, kept: list[dict[str, Any]] | None = None,
+                auto_resume: bool = False, resumed: bool = False) -> dict[str, list[str]]:
+    """Write each job's script and submit it after the jobs it needs, recording each id in
+    `state/jobs.json` at once; on a failure, cancel those submitted and raise.
+
+    `kept`: jobs of the previous submission still queued, part of this one (`resume`); a
+    dependency on a job neither kept nor submitted here is taken as satisfied (its work is
+    done).
+    """
     path = run.state / JOBS_FILE
-    record = read_json(path) if path.exists() else {"submissions": []}
-    entry: dict[str, Any] = {"time": time.time(), "jobs": []}
+    record = {"submissions": submissions(run)}
+    entry: dict[str, Any] = {"time": time.time(), "auto_resume": auto_resume,
+                             "resume": resumed, "jobs": [dict(j, kept=True) for j in kept or []]}
     record["submissions"].append(entry)
-    ids: dict[str, str] = {}
+    ids: dict[str, list[str]] = {}
+    for old in kept or []:
+        ids.setdefault(old["name"], []).append(old["id"])
     executor = _executor(run.jobs / "submitit")
+    new: list[str] = []
     for job in jobs:
+        atomic_write_text(run.jobs / job.file_name, job.script)
+        option = dependency_option(job, [i for a in job.after for i in ids.get(a, [])])
         try:
-            ids[job.name] = executor.submit_script(run.jobs / job.file_name,
-                                                   [ids[a] for a in job.after])
+            job_id = executor.submit_script(run.jobs / job.file_name, option)
         except UserError:
-            if ids:
-                subprocess.run(["scancel", *ids.values()], capture_output=True, check=False)
+            if new:
+                subprocess.run(["scancel", *new], capture_output=True, check=False)
             raise
-        entry["jobs"].append({"name": job.name, "id": ids[job.name], "role": job.role,
+        new.append(job_id)
+        ids.setdefault(job.name, []).append(job_id)
+        entry["jobs"].append({"name": job.name, "id": job_id, "role": job.role,
                               "stage": job.stage, "array": job.array, "after": list(job.after),
                               "logs": [str(p) for p in job.logs]})
         atomic_write_json(path, record)
+    atomic_write_json(path, record)
     return ids
 
 
@@ -270,10 +313,10 @@ def _executor(folder: Path) -> Any:
         def _make_submission_command(self, submission_file_path: Path) -> list[str]:
             return ["sbatch", *self.sbatch_args, str(submission_file_path)]
 
-        def submit_script(self, path: Path, after: list[str]) -> str:
+        def submit_script(self, path: Path, dependency: str | None) -> str:
             self.script = path.read_text(encoding="utf-8")
-            self.sbatch_args = (["--kill-on-invalid-dep=yes",
-                                 f"--dependency=afterok:{':'.join(after)}"] if after else [])
+            self.sbatch_args = (["--kill-on-invalid-dep=yes", f"--dependency={dependency}"]
+                                if dependency else [])
             try:
                 return self._submit_command("").job_id
             except FailedJobError as exc:
@@ -284,7 +327,6 @@ def _executor(folder: Path) -> Any:
 
 
 def submitted_at(run: RunDir) -> float | None:
-    """When the run's latest submission was made (its `jobs.json` entry), if any."""
-    path = run.state / JOBS_FILE
-    submissions = read_json(path)["submissions"] if path.exists() else []
-    return submissions[-1]["time"] if submissions else None
+    """When the run was first submitted (its first `jobs.json` entry), if ever."""
+    found = submissions(run)
+    return found[0]["time"] if found else None
