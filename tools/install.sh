@@ -2,8 +2,8 @@
 # Install rft-hpc into ./.venv. Usage: bash tools/install.sh [--test]
 #
 #   (no flag)  the package and what the demo needs
-#   --test     also what the test suite needs: test extras and system tools (strace, a
-#              local Slurm cluster's packages)
+#   --test     also what the test suite needs: test and mpi extras and system tools
+#              (strace, a local Slurm cluster's packages)
 #
 # torch is installed before the package so that pip never resolves it on its own: on a
 # machine without an NVIDIA GPU that would pull a multi-GB CUDA build. Override the
@@ -59,8 +59,8 @@ fi
 if [ "$with_tests" -eq 1 ]; then
   apt_install strace
   bash tools/local-slurm.sh install  # Slurm, munge, slurmdbd, MariaDB: the tests' cluster
-  log "installing rft-hpc with test extras"
-  pip_install -e ".[test]"
+  log "installing rft-hpc with test and mpi extras"
+  pip_install -e ".[test,mpi]"  # the MPI weight-sync tests run, never skip
 else
   log "installing rft-hpc"
   pip_install -e .

@@ -1,0 +1,421 @@
+"""The `mpi` weight-sync method: bucketed non-blocking broadcasts over mpi4py.
+
+Two ways to meet (docs/weights-format.md, "Fabric sync"):
+
+- one MPI world (a single, possibly heterogeneous, Slurm job): `MpiSender(comm)` on the
+  trainer's rank and `MpiReceiver(comm)` on the explorers' ranks of a shared communicator;
+- separately launched programs: `MpiPortSender(folder)` opens an MPI port and writes its
+  name to `folder/PORT`; each explorer program (`MpiPortReceiver(folder, id, comm)`, its comm
+  of any size) drops a `join-*` file and connects; the two sides merge into one intracomm, a
+  *link*. The sender keeps one link per connected program and broadcasts on all of them at
+  once, so a dead program breaks only its own link.
+
+The protocol on one intracomm (root = the sender): an announcement (`Ibcast` of 6 int64:
+magic, kind, version, layout bytes, data bytes, crc32 or -1), the layout JSON when it changed,
+the pieces of `fabric.plan` (`Ibcast` of numpy views of the tensors: big tensors in place),
+then an `Iallreduce(MIN)` of every rank's verdict. Every wait polls `Test` against a deadline,
+so a dead or stuck peer gives `SyncFailed` after `timeout` instead of a hang.
+
+What MPI cannot recover: a pending collective can be neither cancelled nor completed once a
+peer is gone, so a link (or a world) that failed is abandoned for good: its requests and
+communicator are leaked, never freed. Explorers of a separately launched program re-join by
+connecting again; in a single world there is nothing to re-join (and the launcher usually
+kills the whole job when one rank dies): use `checkpoint` from then on. `Comm.Accept` and
+`Comm.Connect` have no timeout; the sender accepts on a helper thread so that a joiner that
+dies before connecting stalls only that thread (and MPI_Finalize at exit).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+import time
+import uuid
+from collections.abc import Mapping
+from pathlib import Path
+
+import numpy as np
+import torch
+from mpi4py import MPI
+
+from rft_hpc.rundir import atomic_write_text
+from rft_hpc.sync.fabric import (
+    DEFAULT_BUCKET_MB,
+    Destination,
+    Layout,
+    SyncFailed,
+    crc32_of,
+    plan,
+    sender_tensors,
+    source_buffers,
+)
+
+PORT_FILE = "PORT"
+_MAGIC = 0x52465453594E43  # "RFTSYNC"
+_DATA, _CLOSE = 1, 2
+_WINDOW = 4
+_CPU = torch.device("cpu")
+_ABANDONED: list[_Link] = []  # failed links keep their buffers: MPI may still touch them
+
+
+def _np(t: torch.Tensor) -> np.ndarray:
+    return t.numpy()
+
+
+class _Link:
+    """One intracomm to receivers, with its pending requests and its fate."""
+
+    def __init__(self, comm: MPI.Intracomm, root: int, name: str) -> None:
+        comm.Set_errhandler(MPI.ERRORS_RETURN)  # a dead peer must raise, not abort us
+        self.comm, self.root, self.name = comm, root, name
+        self.pending: list[tuple[MPI.Request, object]] = []
+        self._error: str | None = None
+        self.layout = ""
+
+    @property
+    def error(self) -> str | None:
+        return self._error
+
+    @error.setter
+    def error(self, value: str | None) -> None:
+        if value is not None and self.pending:
+            _ABANDONED.append(self)
+        self._error = value
+
+    def post(self, request: MPI.Request, *buffers: object) -> None:
+        """Track `request`; `buffers` stay referenced until it completes."""
+        if self._error is None:
+            self.pending.append((request, buffers))
+
+
+def _drain(links: list[_Link], deadline: float, keep: int = 0, spin: bool = True,
+           poll: float = 0.001, any_progress: bool = False) -> None:
+    """Progress until each healthy link has at most `keep` pending requests (oldest done),
+    or, with `any_progress`, until one link has.
+
+    A link whose request fails or is still pending at `deadline` gets `error` set and its
+    requests are abandoned (MPI cannot cancel a collective).
+    """
+    while True:
+        busy = False
+        for link in links:
+            if link.error is not None:
+                continue
+            try:
+                while len(link.pending) > keep and link.pending[0][0].Test():
+                    link.pending.pop(0)
+            except MPI.Exception as e:
+                link.error = f"MPI error: {e}"
+                continue
+            if len(link.pending) > keep:
+                busy = True
+            elif any_progress:
+                return
+        if not busy:
+            return
+        if time.monotonic() >= deadline:
+            for link in links:
+                if link.error is None and len(link.pending) > keep:
+                    link.error = "did not finish in time"
+            return
+        if not spin:
+            time.sleep(poll)
+
+
+class MpiSender:
+    """Sends versions to the other ranks of `comm` (one MPI world), from rank `root`."""
+
+    def __init__(self, comm: MPI.Intracomm, *, root: int = 0, timeout: float = 120.0,
+                 bucket_mb: float = DEFAULT_BUCKET_MB, checksum: bool = False) -> None:
+        self.timeout, self.checksum = timeout, checksum
+        self.bucket_bytes = max(1, round(bucket_mb * 2**20))
+        self.links = [_Link(comm, root, "world")]
+
+    def send(self, state_dict: Mapping[str, torch.Tensor], version: int) -> list[str]:
+        """Broadcast `state_dict` as `version` on every healthy link; returns their names.
+
+        Returns once every receiver has it all (and verified it, with `checksum`). Raises
+        `SyncFailed` naming the links that failed (a dead peer, a checksum mismatch, or more
+        than `timeout` seconds); those links are abandoned, the others got the version.
+        """
+        links = [link for link in self.links if link.error is None]
+        if not links:
+            raise SyncFailed("no healthy link to any receiver", version)
+        layout = Layout.of(state_dict, self.bucket_bytes)
+        pieces = plan(layout)
+        tensors = sender_tensors(state_dict, _CPU)
+        crc = crc32_of(source_buffers(pieces, tensors)) if self.checksum else -1
+        blob = np.frombuffer(layout.to_json(), dtype=np.uint8)
+        digest = layout.digest()
+        deadline = time.monotonic() + self.timeout
+        for link in links:
+            size = 0 if link.layout == digest else blob.size
+            head = np.array([_MAGIC, _DATA, version, size, layout.total_bytes, crc], np.int64)
+            link.post(link.comm.Ibcast(head, root=link.root), head)
+            if size:
+                link.post(link.comm.Ibcast(blob, root=link.root), blob)
+            link.layout = digest
+        # Each link advances on its own: a dead peer stalls only its link until the deadline.
+        buffers = [_np(b) for b in source_buffers(pieces, tensors)]
+        cursor = dict.fromkeys(range(len(links)), 0)
+        while True:
+            for k, link in enumerate(links):
+                while link.error is None and cursor[k] < len(buffers) and \
+                        len(link.pending) <= _WINDOW:
+                    link.post(link.comm.Ibcast(buffers[cursor[k]], root=link.root))
+                    cursor[k] += 1
+            active = [link for k, link in enumerate(links)
+                      if link.error is None and cursor[k] < len(buffers)]
+            if not active:
+                break
+            _drain(active, deadline, keep=_WINDOW, any_progress=True)
+        flags = []
+        for link in links:
+            one = np.ones(1, np.int64)
+            flags.append(np.zeros(1, np.int64))
+            link.post(link.comm.Iallreduce(one, flags[-1], op=MPI.MIN), one, flags[-1])
+        _drain(links, deadline)
+        for link, flag in zip(links, flags, strict=True):
+            if link.error is None and flag[0] != 1:
+                link.error = "a receiver's checksum did not match"
+        failed = [f"{link.name}: {link.error}" for link in links if link.error is not None]
+        if failed:
+            raise SyncFailed(f"v{version} failed on {len(failed)} of {len(links)} links: "
+                             + "; ".join(failed), version)
+        return [link.name for link in links]
+
+    def close(self) -> None:
+        """Tell the receivers that no more versions come (best effort, bounded)."""
+        links = [link for link in self.links if link.error is None]
+        for link in links:
+            head = np.array([_MAGIC, _CLOSE, -1, 0, 0, -1], np.int64)
+            link.post(link.comm.Ibcast(head, root=link.root), head)
+        _drain(links, time.monotonic() + min(self.timeout, 5.0))
+        for link in links:
+            link.error = "closed"
+
+
+class MpiReceiver:
+    """Receives versions sent by `MpiSender` from rank `root` of `comm`."""
+
+    def __init__(self, comm: MPI.Intracomm, *, root: int = 0, timeout: float = 120.0,
+                 poll: float = 0.01) -> None:
+        self.link = _Link(comm, root, "world")
+        self.timeout, self.poll = timeout, poll
+        self.closed = False
+        self._head = np.zeros(6, np.int64)
+        self._layout: Layout | None = None
+
+    def receive(self, wait: float | None = None) -> tuple[int, dict[str, torch.Tensor]] | None:
+        """The next version: `(version, state_dict)` of CPU tensors.
+
+        Waits up to `wait` seconds (None: for ever) for an announcement, else returns None
+        (the posted receive stays pending for the next call). The transfer itself is bounded
+        by `timeout`: `SyncFailed` when it fails; the communicator is then abandoned and
+        every later call raises `SyncFailed` at once.
+        """
+        link = self.link
+        if link.error is not None:
+            raise SyncFailed(f"the link to the sender is gone ({link.error})")
+        if not link.pending:
+            link.post(link.comm.Ibcast(self._head, root=link.root), self._head)
+        end = float("inf") if wait is None else time.monotonic() + wait
+        _drain([link], end, spin=False, poll=self.poll)
+        if link.error == "did not finish in time":
+            link._error = None  # still waiting for an announcement: not a failure
+            return None
+        if link.error is not None:
+            raise SyncFailed(f"waiting for an announcement: {link.error}")
+        magic, kind, version, size, total, crc = (int(x) for x in self._head)
+        if magic != _MAGIC:
+            link.error = "protocol error"
+            raise SyncFailed(f"not an rft-hpc sync announcement (magic {magic:#x})")
+        if kind == _CLOSE:
+            link.error = "closed by the sender"
+            self.closed = True
+            raise SyncFailed("the sender closed the link")
+        return self._receive(version, size, total, crc)
+
+    def _receive(self, version: int, size: int, total: int,
+                 crc: int) -> tuple[int, dict[str, torch.Tensor]]:
+        link = self.link
+        deadline = time.monotonic() + self.timeout
+        if size:
+            blob = np.empty(size, np.uint8)
+            link.post(link.comm.Ibcast(blob, root=link.root), blob)
+            _drain([link], deadline)
+            if link.error is None:
+                self._layout = Layout.from_json(blob.tobytes())
+        if link.error is None and (self._layout is None or self._layout.total_bytes != total):
+            link.error = "protocol error: announcement does not match the layout"
+        if link.error is not None:
+            raise SyncFailed(f"v{version}: {link.error}", version)
+        assert self._layout is not None
+        pieces = plan(self._layout)
+        dest = Destination(self._layout, pieces, _CPU)
+        for buf in dest.buffers:
+            link.post(link.comm.Ibcast(_np(buf), root=link.root), buf)
+            _drain([link], deadline, keep=_WINDOW)
+        _drain([link], deadline)
+        ok = link.error is None and (crc < 0 or crc32_of(dest.buffers) == crc)
+        flag = np.zeros(1, np.int64)
+        mine = np.array([1 if ok else 0], np.int64)
+        link.post(link.comm.Iallreduce(mine, flag, op=MPI.MIN), mine, flag)
+        _drain([link], deadline)
+        if link.error is None and flag[0] != 1:
+            link.error = "checksum mismatch"
+        if link.error is not None:
+            raise SyncFailed(f"v{version}: {link.error}", version)
+        return version, dest.state_dict()
+
+    def close(self) -> None:
+        """Stop using the communicator (a pending announcement is abandoned, not freed)."""
+        self.link.error = self.link.error or "closed"
+
+
+class MpiPortSender(MpiSender):
+    """Sends to separately launched receiver programs that connect through `folder/PORT`.
+
+    A helper thread accepts each program that drops a `join-*` file; its link is used from
+    the next `send` on. Links that fail are dropped; a restarted program connects again.
+    """
+
+    def __init__(self, folder: str | Path, *, timeout: float = 120.0,
+                 bucket_mb: float = DEFAULT_BUCKET_MB, checksum: bool = False,
+                 poll: float = 0.05) -> None:
+        super().__init__(MPI.COMM_SELF, timeout=timeout, bucket_mb=bucket_mb,
+                         checksum=checksum)
+        self.links = []
+        self.folder = Path(folder)
+        self.folder.mkdir(parents=True, exist_ok=True)
+        for old in [*self.folder.glob("join-*"), *self.folder.glob("go-*")]:
+            old.unlink(missing_ok=True)
+        self.port = MPI.Open_port()
+        self.generation = uuid.uuid4().hex[:12]
+        atomic_write_text(self.folder / PORT_FILE, f"{self.generation}\n{self.port}\n")
+        self._new: list[_Link] = []
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._poll = poll
+        self._thread = threading.Thread(target=self._accept, daemon=True, name="mpi-accept")
+        self._thread.start()
+
+    def _accept(self) -> None:
+        while not self._stop.is_set():
+            for path in sorted(self.folder.glob(f"join-{self.generation}-*")):
+                name = path.name.split("-")[2]
+                go = self.folder / ("go-" + path.name.removeprefix("join-"))
+                os.rename(path, go)  # one joiner at a time: concurrent connects crash MPICH
+                try:
+                    inter = MPI.COMM_SELF.Accept(self.port, root=0)
+                    link = _Link(inter.Merge(high=False), 0, name)
+                except MPI.Exception:  # the joiner died while connecting: it will retry
+                    continue
+                finally:
+                    go.unlink(missing_ok=True)
+                with self._lock:
+                    self._new.append(link)
+            time.sleep(self._poll)
+
+    def wait_for_receivers(self, n: int, timeout: float) -> int:
+        """Wait up to `timeout` s until `n` links are healthy; returns how many are."""
+        end = time.monotonic() + timeout
+        while True:
+            self._adopt()
+            healthy = sum(link.error is None for link in self.links)
+            if healthy >= n or time.monotonic() >= end:
+                return healthy
+            time.sleep(self._poll)
+
+    def _adopt(self) -> None:
+        with self._lock:
+            new, self._new = self._new, []
+        self.links = [link for link in self.links if link.error is None] + new
+
+    def send(self, state_dict: Mapping[str, torch.Tensor], version: int) -> list[str]:
+        """`MpiSender.send` to every program connected so far (receiver ids as names)."""
+        self._adopt()
+        return super().send(state_dict, version)
+
+    def close(self) -> None:
+        """Close the links, stop accepting and remove `PORT` (if it is still ours)."""
+        self._adopt()
+        super().close()
+        self._stop.set()
+        with contextlib.suppress(FileNotFoundError):
+            if (self.folder / PORT_FILE).read_text().split("\n")[0] == self.generation:
+                (self.folder / PORT_FILE).unlink()
+
+
+class MpiPortReceiver:
+    """A receiver program's side of `MpiPortSender`: connects (again) whenever needed.
+
+    `comm` holds the program's receiving ranks (collective calls on it); rank 0 of `comm`
+    drops the join file.
+    """
+
+    def __init__(self, folder: str | Path, receiver_id: int, *,
+                 comm: MPI.Intracomm = MPI.COMM_SELF, timeout: float = 120.0,
+                 poll: float = 0.01) -> None:
+        self.folder = Path(folder)
+        self.receiver_id, self.comm = receiver_id, comm
+        self.timeout, self.poll = timeout, poll
+        self.generation: str | None = None
+        self._inner: MpiReceiver | None = None
+
+    def _port(self) -> tuple[str, str] | None:
+        try:
+            gen, port = (self.folder / PORT_FILE).read_text().split("\n")[:2]
+        except (FileNotFoundError, ValueError):
+            return None
+        return (gen, port) if port else None
+
+    def _connect(self, end: float) -> bool:
+        while True:
+            found = self._port() if self.comm.rank == 0 else None
+            found = self.comm.bcast(found, root=0)
+            if found is not None:
+                break
+            if time.monotonic() >= end:
+                return False
+            time.sleep(self.poll * 10)
+        gen, port = found
+        if self.comm.rank == 0:
+            name = f"{gen}-{self.receiver_id}-{uuid.uuid4().hex[:8]}"
+            atomic_write_text(self.folder / f"join-{name}", f"{os.getpid()}\n")
+            while not (self.folder / f"go-{name}").exists():  # the sender's turn for us
+                time.sleep(self.poll)
+        inter = self.comm.Connect(port, root=0)
+        self._inner = MpiReceiver(inter.Merge(high=True), root=0, timeout=self.timeout,
+                                  poll=self.poll)
+        self.generation = gen
+        return True
+
+    def receive(self, wait: float | None = None) -> tuple[int, dict[str, torch.Tensor]] | None:
+        """`MpiReceiver.receive`, connecting first (again after a failure or a new sender)."""
+        end = float("inf") if wait is None else time.monotonic() + wait
+        while True:
+            if self._inner is None and not self._connect(end):
+                return None
+            assert self._inner is not None
+            step = min(1.0, max(0.0, end - time.monotonic()))
+            try:
+                got = self._inner.receive(wait=step)
+            except SyncFailed:
+                self._inner = None
+                raise
+            if got is not None:
+                return got
+            found = self._port() if self.comm.size == 1 else (self.generation, "")
+            if found is None or found[0] != self.generation:
+                self._inner.close()  # the sender is gone or was restarted: connect anew
+                self._inner = None
+            if time.monotonic() >= end:
+                return None
+
+    def close(self) -> None:
+        """Stop receiving (the link is abandoned; the sender drops it at its next send)."""
+        if self._inner is not None:
+            self._inner.close()
+        self._inner = None

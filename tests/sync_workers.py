@@ -1,0 +1,143 @@
+"""Processes of the fabric weight-sync tests: state dicts, digests, receiver loops.
+
+Used in-process by the tests and as a program (`python tests/sync_workers.py ...`) for the
+MPI tests, whose ranks are started by mpiexec.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import threading
+import time
+import zlib
+from pathlib import Path
+
+import torch
+
+from rft_hpc.sync.fabric import SyncFailed
+
+BIG_VERSIONS = {2}  # 40 MB: long enough to kill a receiver in the middle
+
+
+def state_for(version: int) -> dict[str, torch.Tensor]:
+    """A state dict of mixed dtypes and sizes, different for every version."""
+    g = torch.Generator().manual_seed(version)
+    rows = 20_000 if version in BIG_VERSIONS else 300
+    return {
+        "embed.weight": torch.randn(rows, 1000, generator=g).to(torch.bfloat16),  # > 1 bucket
+        "layer.0.weight": torch.randn(64, 64, generator=g),
+        "layer.0.bias": torch.randn(64, generator=g).to(torch.bfloat16),
+        "layer.1.weight": torch.randn(96, 64, generator=g).t(),  # non-contiguous
+        "norm.weight": torch.randn(64, generator=g).half(),
+        "steps": torch.arange(version, version + 5, dtype=torch.int64),
+        "flag": torch.tensor(version % 2 == 0),
+        "empty": torch.zeros(0, 4),
+        "scalar": torch.tensor(float(version)),
+    }
+
+
+def digests(state: dict[str, torch.Tensor]) -> dict[str, list]:
+    """Name -> [dtype, shape, CRC-32 of the bytes]: what a receiver reports back."""
+    out = {}
+    for name, t in state.items():
+        data = t.detach().contiguous().reshape(-1).view(torch.uint8).numpy()
+        out[name] = [str(t.dtype), list(t.shape), zlib.crc32(memoryview(data))]
+    return out
+
+
+def receive_loop(receiver, last: int, report, wait: float = 60.0) -> None:
+    """Receive until version `last` arrives; report each outcome as a JSON-able tuple."""
+    while True:
+        try:
+            got = receiver.receive(wait=wait)
+        except SyncFailed as e:
+            report(["failed", e.version, str(e)])
+            continue
+        if got is None:
+            report(["idle", None, ""])
+            return
+        version, state = got
+        report(["got", version, digests(state)])
+        if version >= last:
+            return
+
+
+def collective_receiver(folder: str, rid: int, last: int, queue, die_on: int | None = None,
+                        timeout: float = 10.0) -> None:
+    """A gloo receiver process; with `die_on`, SIGKILLs itself while receiving that seq."""
+    from rft_hpc.sync.collective import CollectiveReceiver
+
+    r = CollectiveReceiver(folder, rid, backend="gloo", timeout=timeout, poll=0.01)
+    if die_on is not None:
+        def killer() -> None:
+            while True:
+                group = r._group
+                if group is not None and group.pg is not None and \
+                        group.store.check([f"announce/{die_on}"]):
+                    time.sleep(0.02)  # the broadcast is under way
+                    os.kill(os.getpid(), signal.SIGKILL)
+                time.sleep(0.005)
+        threading.Thread(target=killer, daemon=True).start()
+    receive_loop(r, last, lambda item: queue.put([rid, *item]))
+    r.close()
+
+
+def _mpi_main(argv: list[str]) -> int:
+    """`sync_workers.py <mode> <out.jsonl> [args]`: an MPI participant writing JSON lines."""
+    from mpi4py import MPI
+
+    from rft_hpc.sync import mpi as msync
+
+    mode, out = argv[0], Path(argv[1])
+
+    def report(item: list) -> None:
+        with open(out, "a") as f:
+            f.write(json.dumps(item) + "\n")
+
+    if mode == "world":  # rank 0 sends versions 1..n, the others receive
+        n, bucket_mb = int(argv[2]), float(argv[3])
+        comm = MPI.COMM_WORLD
+        if comm.rank == 0:
+            s = msync.MpiSender(comm, timeout=20, bucket_mb=bucket_mb, checksum=True)
+            for v in range(1, n + 1):
+                s.send(state_for(v), v)
+                report(["sent", v, digests(state_for(v))])
+            s.close()
+        else:
+            r = msync.MpiReceiver(comm, timeout=20)
+            receive_loop(r, n, lambda item: report([comm.rank, *item]))
+        return 0
+    folder = argv[2]
+    if mode == "port-sender":  # versions 1..n; before version v, wait for need[v-1] links
+        need = [int(x) for x in argv[3].split(",")]
+        s = msync.MpiPortSender(folder, timeout=5, bucket_mb=0.25, checksum=True)
+        for v, n in enumerate(need, start=1):
+            s.wait_for_receivers(n, 60)
+            try:
+                report(["sent", v, sorted(s.send(state_for(v), v))])
+            except SyncFailed as e:
+                report(["failed", v, str(e)])
+        s.close()
+    elif mode == "port-receiver":  # receive up to version `last`; die while receiving `die`
+        rid, last = int(argv[3]), int(argv[4])
+        r = msync.MpiPortReceiver(folder, rid, timeout=5)
+        if len(argv) > 5:
+            die_on = int(argv[5])
+
+            def killer() -> None:
+                while True:
+                    inner = r._inner
+                    if inner is not None and inner._head[2] == die_on:
+                        os.kill(os.getpid(), signal.SIGKILL)
+                    time.sleep(0.001)
+            threading.Thread(target=killer, daemon=True).start()
+        receive_loop(r, last, lambda item: report([rid, *item]))
+        r.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(_mpi_main(sys.argv[1:]))
