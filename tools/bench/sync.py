@@ -1,0 +1,213 @@
+#!/usr/bin/env python
+"""Benchmark rft-hpc's weight sync against the raw transports, in one run.
+
+    python tools/bench/sync.py [--dir DIR] [--sizes 1 4] [--receivers 2] [--repeat 3]
+
+For each state-dict size (GB; `--sizes 0.25` for a quick run) it measures, with one sender
+and `--receivers` receivers (separate processes on this host):
+
+1. gloo: one torch.distributed broadcast of one uint8 tensor of that size (raw), then
+   `CollectiveSender.send` of a state dict of that size (bfloat16 and float32 tensors of
+   LLM-like sizes, small ones included), timed on the sender until every receiver agreed;
+2. mpi (mpiexec, PyPI MPICH): one `Bcast` of one buffer (raw), then `MpiSender.send`;
+3. disk: `dd` with fdatasync of the same bytes into DIR, then `publish_weights` +
+   `load_weights` (rft_hpc/sync/checkpoint.py) of the state dict.
+
+It prints seconds per GB and each ratio, with the targets: gloo and mpi >= 0.8 of raw,
+checkpoint >= 0.7 of dd. Each figure is the median of `--repeat` runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+GB = 1e9
+TARGETS = {"gloo": 0.8, "mpi": 0.8, "checkpoint": 0.7}
+
+
+def make_state(nbytes: int) -> dict[str, torch.Tensor]:
+    """A state dict of about `nbytes`: 32 MiB bfloat16 matrices, float32 and small norms."""
+    state: dict[str, torch.Tensor] = {}
+    left, i = nbytes, 0
+    while left > 0:
+        rows = max(1, min(4096, left // (4096 * 2)))
+        state[f"layers.{i}.weight"] = torch.ones(rows, 4096, dtype=torch.bfloat16)
+        state[f"layers.{i}.norm"] = torch.ones(4096, dtype=torch.float32)
+        left -= rows * 4096 * 2 + 4096 * 4
+        i += 1
+    return state
+
+
+def median(values: list[float]) -> float:
+    v = sorted(values)
+    return v[len(v) // 2] if len(v) % 2 else (v[len(v) // 2 - 1] + v[len(v) // 2]) / 2
+
+
+def _gloo_worker(folder: Path, rank: int, size: int, nbytes: int, repeat: int) -> None:
+    from rft_hpc.sync.collective import (
+        CollectiveReceiver,
+        CollectiveSender,
+        _open_store,
+        _process_group,
+    )
+
+    cpu = torch.device("cpu")
+    pg = _process_group("gloo", _open_store(folder / "raw.store", 600), rank, size, 600, cpu)
+    import torch.distributed as dist
+
+    opts = dist.BroadcastOptions()
+    buf = torch.ones(nbytes, dtype=torch.uint8) if rank == 0 else \
+        torch.empty(nbytes, dtype=torch.uint8)
+    raw = []
+    for _ in range(repeat):
+        pg.barrier().wait()
+        t0 = time.perf_counter()
+        pg.broadcast([buf], opts).wait()
+        pg.barrier().wait()  # every receiver has it
+        raw.append(time.perf_counter() - t0)
+    del buf
+    state = make_state(nbytes) if rank == 0 else None
+    fabric = []
+    if rank == 0:
+        s = CollectiveSender(folder / "sync", size - 1, timeout=600, join_timeout=600)
+        for v in range(repeat):
+            pg.barrier().wait()
+            t0 = time.perf_counter()
+            s.send(state, v)
+            fabric.append(time.perf_counter() - t0)
+        s.close()
+        print(json.dumps({"raw": median(raw), "rft": median(fabric),
+                          "bytes": sum(t.nbytes for t in state.values())}), flush=True)
+    else:
+        r = CollectiveReceiver(folder / "sync", rank - 1, timeout=600)
+        for _ in range(repeat):
+            pg.barrier().wait()
+            r.receive()
+        r.close()
+
+
+def _mpi_worker(nbytes: int, repeat: int) -> None:
+    import numpy as np
+    from mpi4py import MPI
+
+    from rft_hpc.sync.mpi import MpiReceiver, MpiSender
+
+    comm = MPI.COMM_WORLD
+    buf = np.ones(nbytes, np.uint8) if comm.rank == 0 else np.empty(nbytes, np.uint8)
+    chunk = 1 << 30
+    raw = []
+    for _ in range(repeat):
+        comm.Barrier()
+        t0 = time.perf_counter()
+        for off in range(0, nbytes, chunk):
+            comm.Bcast(buf[off:off + chunk], root=0)
+        comm.Barrier()
+        raw.append(time.perf_counter() - t0)
+    del buf
+    fabric = []
+    if comm.rank == 0:
+        state = make_state(nbytes)
+        s = MpiSender(comm, timeout=600)
+        for v in range(repeat):
+            comm.Barrier()
+            t0 = time.perf_counter()
+            s.send(state, v)
+            fabric.append(time.perf_counter() - t0)
+        print(json.dumps({"raw": median(raw), "rft": median(fabric),
+                          "bytes": sum(t.nbytes for t in state.values())}), flush=True)
+    else:
+        r = MpiReceiver(comm, timeout=600)
+        for _ in range(repeat):
+            comm.Barrier()
+            r.receive()
+
+
+def bench_gloo(folder: Path, nbytes: int, receivers: int, repeat: int) -> dict:
+    folder.mkdir(parents=True)
+    procs = [subprocess.Popen([sys.executable, __file__, "--worker", "gloo", str(folder),
+                               str(r), str(receivers + 1), str(nbytes), str(repeat)],
+                              stdout=subprocess.PIPE, text=True)
+             for r in range(receivers + 1)]
+    outs = [p.communicate()[0] for p in procs]
+    return json.loads(outs[0].strip().splitlines()[-1])
+
+
+def bench_mpi(nbytes: int, receivers: int, repeat: int) -> dict:
+    mpiexec = str(Path(sys.executable).with_name("mpiexec"))
+    out = subprocess.run([mpiexec, "-n", str(receivers + 1), sys.executable, __file__,
+                          "--worker", "mpi", "-", "0", "0", str(nbytes), str(repeat)],
+                         capture_output=True, text=True, check=True).stdout
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def bench_disk(folder: Path, nbytes: int, repeat: int) -> dict:
+    from rft_hpc.sync.checkpoint import load_weights, publish_weights
+
+    state = make_state(nbytes)
+    real = sum(t.nbytes for t in state.values())
+    dd, ck = [], []
+    for v in range(repeat):
+        target = folder / "dd.bin"
+        t0 = time.perf_counter()
+        subprocess.run(["dd", "if=/dev/zero", f"of={target}", "bs=1M",
+                        f"count={max(1, real >> 20)}", "conv=fdatasync"],
+                       capture_output=True, check=True)
+        dd.append(time.perf_counter() - t0)
+        target.unlink()
+        t0 = time.perf_counter()
+        publish_weights(folder / "weights", state, v, keep=1)
+        load_weights(folder / "weights", v)
+        ck.append(time.perf_counter() - t0)
+    return {"raw": median(dd), "rft": median(ck), "bytes": real}
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Command-line entry point; exit status 1 when a target is missed."""
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["--worker"]:
+        kind, folder, rank, size, nbytes, repeat = argv[1:7]
+        if kind == "gloo":
+            _gloo_worker(Path(folder), int(rank), int(size), int(nbytes), int(repeat))
+        else:
+            _mpi_worker(int(nbytes), int(repeat))
+        return 0
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--dir", type=Path, default=Path("."), help="folder for dd and checkpoint")
+    p.add_argument("--sizes", type=float, nargs="+", default=[1.0, 4.0], help="GB")
+    p.add_argument("--receivers", type=int, default=2)
+    p.add_argument("--repeat", type=int, default=3)
+    args = p.parse_args(argv)
+    args.dir.mkdir(parents=True, exist_ok=True)
+    passed = True
+    print(f"{'size GB':>8} {'method':<11} {'raw s/GB':>9} {'rft s/GB':>9} {'ratio':>6} "
+          f"{'target':>7} result")
+    for gb in args.sizes:
+        nbytes = int(gb * GB)
+        folder = Path(tempfile.mkdtemp(prefix="rft-hpc-bench-sync-", dir=args.dir))
+        try:
+            results = {"gloo": bench_gloo(folder / "gloo", nbytes, args.receivers, args.repeat),
+                       "mpi": bench_mpi(nbytes, args.receivers, args.repeat),
+                       "checkpoint": bench_disk(folder, nbytes, args.repeat)}
+        finally:
+            shutil.rmtree(folder, ignore_errors=True)
+        for method, r in results.items():
+            ratio = r["raw"] / r["rft"]  # rate ratio: raw time / rft time
+            ok = ratio >= TARGETS[method]
+            passed &= ok
+            print(f"{gb:>8g} {method:<11} {r['raw'] / r['bytes'] * GB:>9.3f} "
+                  f"{r['rft'] / r['bytes'] * GB:>9.3f} {ratio:>6.2f} "
+                  f"{TARGETS[method]:>7} {'PASS' if ok else 'FAIL'}")
+    return 0 if passed else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
