@@ -17,11 +17,12 @@ and checks the targets: 4096-token writes >= 0.8 x dd write, >= 100k 256-token r
 written, reads >= 1 GB/s. Each figure is the median of `--repeat` runs; dd, the buffer and a
 reference of plain files (same sizes, same write/fsync/rename protocol, no HDF5) take turns,
 and the write ratio is the median of the ratios of runs made back to back, because a shared
-or virtual disk's speed drifts. Reads come from the page cache (the files were just
-written), as does dd's read, unless `--drop-caches` is given (root only); "fresh memory
-fill" shows what filling new memory costs here, which bounds any reader. Record
-construction is not timed: the records are built before the clock starts, as an explorer
-builds them anyway.
+or virtual disk's speed drifts. Each timed write starts on a synced disk right after as many
+bytes were deleted (with online discard, a disk's speed depends on that). Reads come from
+the page cache (the files were just written), as does dd's read, unless `--drop-caches` is
+given (root only); "fresh memory fill" shows what filling new memory costs here, which
+bounds any reader. Record construction is not timed: the records are built before the clock
+starts, as an explorer builds them anyway.
 """
 
 from __future__ import annotations
@@ -217,7 +218,11 @@ def run(folder: Path, gb: float, per_segment: int, records_256: int, drop: bool,
         secs, size = write_records(buf_big, "explorer-0", big, per_segment, background=False)
         serial_w.append(size / secs)
         n_seg = n_big // per_segment
+        # Every timed write starts right after as many bytes were deleted (how fast this
+        # disk writes depends on that: online discard): here the buffer's.
+        shutil.rmtree(buf_big)
         plain_w.append(write_plain_files(folder / "plain", n_seg, size // n_seg))
+    write_records(buf_big, "explorer-0", big, per_segment)  # for the reads below
     del big
     dd_write, dd_read, write_big = median(dd_w), median(dd_r), median(buf_w)
     ratio = median([b / d for b, d in zip(buf_w, dd_w, strict=True)])
