@@ -188,9 +188,13 @@ def _beside(work: Callable[[], None], nbytes: int) -> Callable[[], None]:
     return wait
 
 
-def _pwrite_all(fd: int, parts: list[np.ndarray], offset: int) -> None:
-    """Write `parts` back to back at `offset`, as few system calls as possible."""
-    pos = 0
+def _pwrite_all(fd: int, parts: list[np.ndarray], offset: int, nbytes: int) -> None:
+    """Write `parts` (`nbytes` in all) back to back at `offset`, in few system calls."""
+    # Usually one call writes everything, with no Python loop over the parts (which would
+    # hold the GIL the checksum thread needs).
+    if len(parts) <= _IOV_MAX and os.pwritev(fd, parts, offset) == nbytes:
+        return
+    pos = 0  # else from the start again: rewriting bytes already written is harmless
     while pos < len(parts):
         batch = parts[pos:pos + _IOV_MAX]
         done = os.pwritev(fd, batch, offset)
@@ -276,4 +280,4 @@ def _fill(fd: int, placed: list[tuple[h5d.DatasetID, _Column]]) -> None:
     """Write each column's data into the space HDF5 allocated for its dataset."""
     for ds, col in placed:
         if col.length:
-            _pwrite_all(fd, col.parts, ds.get_offset())
+            _pwrite_all(fd, col.parts, ds.get_offset(), col.nbytes)
