@@ -60,7 +60,7 @@ def wait_for_run(env: dict[str, str], run: Path, timeout: float = 300,
     """Poll `status --json` until the run is no longer running; (last, every answer)."""
     deadline = time.monotonic() + timeout
     seen = [status(env, run)]
-    while seen[-1]["state"] == "running":
+    while seen[-1]["state"] in ("running", "resuming"):
         if time.monotonic() > deadline:
             logs = rft(env, "logs", run).stdout[-3000:]
             raise AssertionError(f"still running after {timeout} s: {seen[-1]}\n{logs}")

@@ -9,6 +9,9 @@ its unfinished, unqueued tasks. Each role continues from its own checkpoint. The
 
 from __future__ import annotations
 
+import contextlib
+import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -35,10 +38,44 @@ ALIVE = frozenset({"PENDING", "RUNNING", "REQUEUED", "SUSPENDED", "COMPLETING", 
 """Slurm states of a job that will still run (or runs)."""
 
 
-def resume_run(path: Path) -> SubmitResult:
+LOCK_STALE_SECONDS = 600.0
+"""A resume lock older than this was left by a resume that died: it is broken."""
+
+
+def resume_run(path: Path, lock_timeout: float = 300.0) -> SubmitResult:
     """Resubmit the unfinished jobs of a submitted run that are no longer queued, after the
-    queued ones they need. Refused beyond `launch.max_resubmits` resubmissions."""
+    queued ones they need. Refused beyond `launch.max_resubmits` resubmissions. Two resumes
+    of one run (watchers of two failed jobs) take turns: the second finds the first's jobs
+    queued and submits nothing."""
     run = open_run_dir(path)
+    with _lock(run.state / "resume.lock", lock_timeout):
+        return _resume(run)
+
+
+@contextlib.contextmanager
+def _lock(folder: Path, timeout: float) -> Iterator[None]:
+    """Hold `folder` as a lock: mkdir is atomic on every shared filesystem, flock is not."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            folder.mkdir()
+            break
+        except FileExistsError:
+            with contextlib.suppress(FileNotFoundError):
+                if time.time() - folder.stat().st_mtime > LOCK_STALE_SECONDS:
+                    folder.rmdir()
+                    continue
+            if time.monotonic() > deadline:
+                raise UserError(f"another `rft-hpc resume` of this run holds {folder}; "
+                                "try again later (or remove it if none runs)") from None
+            time.sleep(1.0)
+    try:
+        yield
+    finally:
+        folder.rmdir()
+
+
+def _resume(run: RunDir) -> SubmitResult:
     config = load_config(run.config)
     first = first_unfinished(config, run)
     if first is None:

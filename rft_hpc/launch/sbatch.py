@@ -50,7 +50,7 @@ class Job:
     logs: tuple[Path, ...] = ()
     dependency: str = "afterok"
     """How it waits for the jobs in `after`: `afterok` (they succeeded), or `afternotok`
-    for a watcher (one of them failed; it also waits until no other watcher runs)."""
+    for a watcher (one of them failed)."""
 
     @property
     def file_name(self) -> str:
@@ -223,8 +223,9 @@ def helper_job(ctx: JobContext, name: str, role: str, *, index: int | None = Non
 
 def watch_job(ctx: JobContext, watched: Job) -> Job:
     """The watcher of a role's job (`submit --auto-resume`): if that job fails, it runs
-    `rft-hpc resume` on the run; if the job succeeds, Slurm drops it unrun. Every watcher of
-    a run has the same Slurm job name, and at most one runs at a time (`singleton`)."""
+    `rft-hpc resume` on the run; if the job succeeds, Slurm drops it unrun. (Not `singleton`:
+    that would hold a failed job's watcher behind the pending watchers of running jobs;
+    `resume` takes a lock on the run instead.)"""
     settings = ctx.launch.slurm.helper_settings()
     name = f"{watched.name}.watch"
     log = ctx.run.jobs / "watch.log"
@@ -239,9 +240,7 @@ def watch_job(ctx: JobContext, watched: Job) -> Job:
 
 def dependency_option(job: Job, ids: list[str]) -> str | None:
     """The `--dependency=` value of `job` waiting for the Slurm jobs `ids`."""
-    if job.dependency == "afternotok":
-        return f"afternotok:{':'.join(ids)},singleton" if ids else "singleton"
-    return f"afterok:{':'.join(ids)}" if ids else None
+    return f"{job.dependency}:{':'.join(ids)}" if ids else None
 
 
 def with_array_tasks(job: Job, indices: list[int]) -> Job:

@@ -41,11 +41,13 @@ def job_end_time() -> float | None:
     job = os.environ.get("SLURM_JOB_ID")
     if not job:
         return None
+    if os.environ.get("SLURM_ARRAY_JOB_ID"):  # an array's first task has the array's id
+        job = f"{os.environ['SLURM_ARRAY_JOB_ID']}_{os.environ['SLURM_ARRAY_TASK_ID']}"
     try:
         out = subprocess.run(["squeue", "--noheader", f"--jobs={job}", "--format=%e"],
                              capture_output=True, text=True, timeout=30, check=True).stdout
-        return datetime.fromisoformat(out.strip()).timestamp()
-    except (OSError, subprocess.SubprocessError, ValueError) as exc:
+        return datetime.fromisoformat(out.split()[0]).timestamp()
+    except (OSError, subprocess.SubprocessError, ValueError, IndexError) as exc:
         log.warning("cannot tell when job %s ends (%s): relying on Slurm's signal", job, exc)
         return None
 

@@ -1,0 +1,181 @@
+"""Chaos on the local Slurm cluster: signals, killed processes, requeues, time limits and
+cancelled jobs. Every case ends with a passing `rft-hpc audit`: every experience trained on
+exactly once, no trainer step done twice, versions in order, restarts counted."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+from pathlib import Path
+
+import pytest
+from slurm_cluster import slurm
+from test_experiment_run import DEMO, short
+from test_slurm_launch import jobs_in_queue, rft, status, unique, wait_for_run
+
+
+def chaos_args(tmp_path: Path, model: Path, *extra: str) -> list[str]:
+    """One GRPO stage, 2 explorers, a trainer that saves every 5 steps."""
+    return short(tmp_path, model, "--set", "stages=[]", "--set", "trainer.steps=40",
+                 "--set", "trainer.save_interval=5", "--set", "eval.interval=0", *extra)
+
+
+_SUBMITTED: list[tuple[dict[str, str], Path]] = []
+
+
+@pytest.fixture(autouse=True)
+def _cancel_leftovers():
+    """A failed case must not leave its jobs waiting in the shared cluster's queue."""
+    yield
+    while _SUBMITTED:
+        env, run = _SUBMITTED.pop()
+        rft(env, "cancel", run)
+
+
+def submit(env: dict[str, str], tmp_path: Path, model: Path, name: str, *extra: str) -> Path:
+    result = rft(env, "submit", DEMO, *chaos_args(tmp_path, model, *extra), "--name", name)
+    assert result.returncode == 0, result.stderr
+    _SUBMITTED.append((env, tmp_path / name))
+    return tmp_path / name
+
+
+def heartbeat(run: Path, role: str) -> dict:
+    try:
+        return json.loads((run / "stages" / "0-main" / "state" / f"{role}.json").read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def wait_until(predicate, timeout: float = 180, what: str = "") -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.2)
+
+
+def running_at(run: Path, role: str, step: int, restarts: int = 0):
+    """A predicate: `role` runs, at `step` or later, in its `restarts`-th restart or later."""
+    def check() -> bool:
+        beat = heartbeat(run, role)
+        return (beat.get("status") == "running" and beat.get("step", -1) >= step
+                and beat.get("restarts", 0) >= restarts)
+    return check
+
+
+def job_id(env: dict[str, str], run: Path, name: str) -> str:
+    return next(j["id"] for j in status(env, run)["jobs"] if j["name"] == name)
+
+
+def audit(env: dict[str, str], run: Path) -> dict:
+    result = rft(env, "audit", run, "--json")
+    report = json.loads(result.stdout) if result.stdout.strip() else {}
+    assert result.returncode == 0 and report.get("ok"), result.stdout[-4000:] + result.stderr
+    stage = report["stages"][0]
+    print(json.dumps({"trainer": stage["trainer"], "explorers": stage["explorers"]}, indent=1))
+    return stage
+
+
+def finished(env: dict[str, str], run: Path, timeout: float = 420, steps: int = 40) -> dict:
+    final, _ = wait_for_run(env, run, timeout=timeout)
+    assert final["state"] == "done", (final, rft(env, "logs", run).stdout[-4000:])
+    assert jobs_in_queue(env, run.name) == []
+    trained = [json.loads(line)["step"] for line in
+               (run / "stages" / "0-main" / "metrics" / "trainer.jsonl").read_text().splitlines()
+               if "loss" in line]
+    assert sorted(set(trained)) == list(range(1, steps + 1))
+    return final
+
+
+def test_trainer_signals_killed_explorers_and_a_requeued_array_lose_nothing(
+        slurm_env: dict[str, str], tmp_path: Path, tiny_model: Path) -> None:
+    run = submit(slurm_env, tmp_path, tiny_model, unique("chaos"))
+    trainer = job_id(slurm_env, run, "main.trainer")
+    # (a) Slurm's warning signal to the trainer, 3 times: it saves and requeues itself
+    for n in range(3):
+        wait_until(running_at(run, "trainer", 3 * n + 2, restarts=n), what=f"trainer life {n}")
+        slurm(["scancel", "--signal=USR2", trainer], slurm_env)
+    wait_until(running_at(run, "trainer", 0, restarts=3), what="trainer after 3 signals")
+    # (b) explorer 0's process SIGKILLed mid-step, twice: its job requeues itself
+    for n in range(2):
+        wait_until(running_at(run, "explorer-0", 1, restarts=n), what=f"explorer life {n}")
+        os.kill(heartbeat(run, "explorer-0")["pid"], signal.SIGKILL)
+    # (c) the whole explorer array requeued by the operator, both tasks running
+    wait_until(running_at(run, "explorer-0", 1, restarts=2), what="explorer 0 back")
+    wait_until(running_at(run, "explorer-1", 1), what="explorer 1")
+    slurm(["scontrol", "requeue", job_id(slurm_env, run, "main.explorer")], slurm_env)
+    seen = []
+    wait_until(lambda: seen.append(status(slurm_env, run)) or seen[-1]["state"] != "running"
+               or any(r["role"] == "explorer-1" and r["restarts"] >= 1
+                      for r in seen[-1]["roles"]), what="explorer 1 requeued")
+
+    finished(slurm_env, run)
+    stage = audit(slurm_env, run)
+    assert stage["trainer"]["restarts"] == 3
+    assert stage["trainer"]["causes"] == ["requeue"] * 3
+    assert stage["explorers"]["explorer-0"]["restarts"] >= 3  # 2 kills + the requeue
+    assert stage["explorers"]["explorer-0"]["causes"][:2] == ["crash", "crash"]
+    assert stage["explorers"]["explorer-1"]["restarts"] >= 1
+    beats = {r["role"]: r for r in status(slurm_env, run)["roles"]}
+    assert beats["trainer"]["restarts"] == 3 and beats["explorer-0"]["restarts"] >= 3
+
+
+def test_a_one_minute_time_limit_finishes_through_requeues(
+        slurm_env: dict[str, str], tmp_path: Path, tiny_model: Path) -> None:
+    # ~3 minutes of work for jobs of 1 minute: each role stops before its limit and requeues
+    run = submit(slurm_env, tmp_path, tiny_model, unique("walltime"),
+                 "--set", "trainer.steps=200", "--set", "explorer.max_new_tokens=16",
+                 "--set", "launch.slurm.trainer.time=1", "--set", "launch.slurm.explorer.time=1",
+                 "--set", "launch.slurm.signal_delay=10",
+                 "--set", "launch.slurm.walltime_margin=10")
+    finished(slurm_env, run, timeout=900, steps=200)
+    stage = audit(slurm_env, run)
+    assert stage["trainer"]["restarts"] >= 2, stage["trainer"]  # 3+ lives of <= 1 minute
+    assert set(stage["trainer"]["causes"]) <= {"walltime", "requeue"}, stage["trainer"]
+    timeouts = slurm(["sacct", "--noheader", "--parsable2", "--allocations", "--format=State",
+                      f"--name={run.name}.main.trainer"], slurm_env).split()
+    assert "TIMEOUT" not in timeouts, timeouts
+
+
+def test_a_cancelled_job_is_brought_back_by_resume(
+        slurm_env: dict[str, str], tmp_path: Path, tiny_model: Path) -> None:
+    run = submit(slurm_env, tmp_path, tiny_model, unique("resume"))
+    wait_until(running_at(run, "trainer", 3), what="trainer at step 3")
+    trainer = job_id(slurm_env, run, "main.trainer")
+    slurm(["scancel", trainer], slurm_env)
+    wait_until(lambda: heartbeat(run, "trainer").get("status") == "stopped"
+               and f"{run.name}.main.trainer" not in jobs_in_queue(slurm_env, run.name),
+               what="the trainer cancelled")
+    assert heartbeat(run, "trainer")["status"] == "stopped"
+
+    resumed = rft(slurm_env, "resume", run)
+    assert resumed.returncode == 0, resumed.stderr
+    # the explorers, still running, are kept; the trainer and what waited for it come back
+    assert "main.trainer" in resumed.stdout and "finalize" in resumed.stdout
+    assert "main.explorer " not in resumed.stdout, resumed.stdout
+    finished(slurm_env, run)
+    stage = audit(slurm_env, run)
+    assert stage["trainer"]["restarts"] == 1 and stage["trainer"]["causes"] == ["stopped"]
+    assert status(slurm_env, run)["submissions"] == 2
+    again = rft(slurm_env, "resume", run)
+    assert again.returncode == 0 and "nothing to resume" in again.stdout
+
+
+def test_auto_resume_brings_back_a_cancelled_trainer_without_a_person(
+        slurm_env: dict[str, str], tmp_path: Path, tiny_model: Path) -> None:
+    name = unique("auto")
+    result = rft(slurm_env, "submit", DEMO, *chaos_args(tmp_path, tiny_model), "--name", name,
+                 "--auto-resume")
+    assert result.returncode == 0 and "afternotok" in result.stdout, result.stderr
+    run = tmp_path / name
+    _SUBMITTED.append((slurm_env, run))
+    wait_until(running_at(run, "trainer", 3), what="trainer at step 3")
+    slurm(["scancel", job_id(slurm_env, run, "main.trainer")], slurm_env)
+    wait_until(lambda: status(slurm_env, run)["submissions"] == 2, timeout=120,
+               what="the watcher's resubmission")
+    finished(slurm_env, run)
+    stage = audit(slurm_env, run)
+    assert stage["trainer"]["restarts"] == 1
+    watch_log = (run / "jobs" / "watch.log").read_text()
+    assert "resubmitted: main.trainer" in watch_log, watch_log
