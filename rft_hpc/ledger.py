@@ -46,12 +46,14 @@ class LedgerWriter:
         """Record that a process of this role started, resuming at `resume_step` (see
         docs/ledger.md), and count the restarts and redone steps so far: every step event
         numbered `first_redone` or later that is still in effect is void from now on."""
-        history = read_ledger(self.path)
+        from rft_hpc.ledger_replay import replay  # it reads what this module writes
+
         restarts = int(os.environ.get("SLURM_RESTART_COUNT", "0") or 0)
         self.append("start", resume_step=resume_step, pid=os.getpid(),
                     slurm_restarts=restarts, job=os.environ.get("SLURM_JOB_ID"),
                     first_redone=first_redone)
-        return count_restarts([*history, {"event": "start", "first_redone": first_redone}])
+        history = replay(self.path, trainer=first_redone > resume_step)
+        return RestartCount(len(history.restarts), history.redone_steps)
 
     def close(self) -> None:
         os.close(self._fd)
@@ -65,22 +67,6 @@ class RestartCount:
     redone: int
 
 
-def count_restarts(events: Iterable[dict[str, Any]]) -> RestartCount:
-    """Restarts (start events after the first) and redone steps (step events voided by a
-    later start's `first_redone`) in a ledger's events."""
-    starts = redone = 0
-    live: list[int] = []
-    for event in events:
-        if event["event"] == "start":
-            starts += 1
-            first = event["first_redone"]
-            redone += sum(1 for step in live if step >= first)
-            live = [step for step in live if step < first]
-        elif event["event"] == "step":
-            live.append(event["step"])
-    return RestartCount(max(0, starts - 1), redone)
-
-
 def compact_refs(refs: Iterable[Any]) -> list[list[Any]]:
     """Record refs (writer, segment, index) as `[[writer, segment, [index, ...]], ...]` in
     the order first seen, the ledger's form of a step's `consumed` field."""
@@ -88,22 +74,6 @@ def compact_refs(refs: Iterable[Any]) -> list[list[Any]]:
     for ref in refs:
         groups.setdefault((ref.writer, ref.segment), []).append(ref.index)
     return [[w, s, idx] for (w, s), idx in groups.items()]
-
-
-def read_ledger(path: Path) -> list[dict[str, Any]]:
-    """The events of one ledger file in order (a torn last line is skipped)."""
-    if not path.exists():
-        return []
-    data = path.read_bytes()
-    complete = data[:data.rfind(b"\n") + 1]  # empty when not one line is complete
-    events = []
-    for number, line in enumerate(complete.split(b"\n"), 1):
-        if line.strip():
-            try:
-                events.append(json.loads(line))
-            except ValueError:
-                raise ValueError(f"{path}:{number}: not a JSON line") from None
-    return events
 
 
 def _cut_torn_tail(fd: int) -> None:

@@ -192,3 +192,47 @@ def test_offline_sft_from_a_jsonl_file(tmp_path, tiny_model):
     assert len(losses) == 6 and losses[-1] < losses[0]
     assert (stage / "buffer" / "import-data" / "00000000.h5").exists()
     assert not (stage / "metrics" / "explorer-0.jsonl").exists()
+
+
+def test_a_run_interrupted_twice_ends_with_the_weights_of_an_uninterrupted_one(
+        tmp_path, tiny_model):
+    """Deterministic: strictly on-policy, one explorer, batches of exactly one explorer step."""
+    def args(name):
+        return ["run", DEMO, *short(tmp_path, tiny_model, "--set", "stages=[]",
+                                    "--set", f"run.name={name}", "--set", "explorer.count=1",
+                                    "--set", "sync.offset=0", "--set", "trainer.batch_size=16",
+                                    "--set", "trainer.steps=12", "--set", "eval.interval=0",
+                                    "--set", "trainer.save_interval=100")]
+
+    straight = rft(*args("straight"), timeout=600)
+    assert straight.returncode == 0, straight.stderr[-3000:]
+
+    stage = tmp_path / "twice" / "stages" / "0-main"
+    for stop_at in (3, 7):
+        proc = subprocess.Popen([sys.executable, "-m", "rft_hpc.cli", *map(str, args("twice"))],
+                                cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                text=True)
+
+        def reached(step=stop_at):
+            try:
+                return json.loads((stage / "state" / "trainer.json").read_text())["step"] >= step
+            except (OSError, ValueError, KeyError):
+                return False
+
+        assert _wait_for(reached, 300), f"the trainer never reached step {stop_at}"
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=120)
+        assert proc.returncode != 0 and "run the same command again" in err, err[-2000:]
+    resumed = rft(*args("twice"), timeout=600)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+
+    from rft_hpc.sync.checkpoint import load_weights
+
+    one = load_weights(tmp_path / "straight" / "stages" / "0-main" / "weights", 12)
+    two = load_weights(stage / "weights", 12)
+    diff = max(float((one[k] - two[k]).abs().max()) for k in one)
+    print(f"final weights, uninterrupted vs interrupted twice: max |diff| {diff:.3g}")
+    assert diff <= 1e-6
+    report = rft("audit", tmp_path / "twice", "--json")
+    assert report.returncode == 0, report.stdout[-3000:]
+    assert json.loads(report.stdout)["stages"][0]["trainer"]["restarts"] == 2

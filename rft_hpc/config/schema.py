@@ -131,6 +131,10 @@ class TrainerConfig(_Section):
     save_interval: int = Field(50, ge=1)
     """Trainer steps between full checkpoints (model, optimizer, buffer cursor)."""
 
+    keep_checkpoints: int = Field(2, ge=1)
+    """Full checkpoints kept in `ckpt/trainer/` (the newest ones; older ones are deleted
+    once a newer one is committed)."""
+
     warmup_steps: int = Field(0, ge=0)
     """Steps of linear learning-rate warm-up from 0."""
 

@@ -183,7 +183,8 @@ def _lead(trainer: Trainer, run: RunDir, stop: StopFlag, saved: TrainerState | N
         t0 = time.monotonic()
         save_trainer_state(run.ckpt, step, model=trainer.model, optimizer=trainer.optimizer,
                            scheduler=trainer.scheduler, cursor=cursor,
-                           extra={"last_eval": last_eval}, config_hash=chash)
+                           extra={"last_eval": last_eval}, config_hash=chash,
+                           keep=tcfg.keep_checkpoints)
         ledger.append("save", step=step)
         clock.observe_save(time.monotonic() - t0)
 

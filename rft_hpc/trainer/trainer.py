@@ -41,7 +41,7 @@ from rft_hpc.trainer.losses import (
 def config_hash(config: ExperimentConfig) -> str:
     """Hash of the settings a resumed trainer must share with the saved one."""
     keep = config.model_dump(mode="json", include={"model", "buffer", "trainer", "tasks"})
-    for key in ("steps", "save_interval", "threads"):
+    for key in ("steps", "save_interval", "keep_checkpoints", "threads"):
         keep["trainer"].pop(key, None)
     return hashlib.sha256(json.dumps(keep, sort_keys=True).encode()).hexdigest()[:16]
 
