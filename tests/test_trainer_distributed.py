@@ -119,7 +119,7 @@ def max_differences(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> t
     return diff, rel
 
 
-@pytest.mark.parametrize("algorithm", ["grpo", "sft"])
+@pytest.mark.parametrize("algorithm", ["grpo", "sft", "ppo"])
 def test_one_step_on_two_ranks_matches_one_process(tmp_path, tiny_model, algorithm):
     trainer = {"algorithm": algorithm, "lr": 1e-3, "batch_size": 8, "grad_clip": 1.0,
                "kl_coef": 0.05 if algorithm == "grpo" else 0.0, "weight_decay": 0.01}

@@ -268,10 +268,11 @@ def _model_path_exists(config: ExperimentConfig) -> Iterator[tuple[tuple[Key, ..
 def _grpo_needs_groups(config: ExperimentConfig) -> Iterator[tuple[tuple[Key, ...], str]]:
     for index, (_, stage) in enumerate(config.stage_configs()):
         where: tuple[Key, ...] = ("stages", index) if config.stages else ()
-        if stage.mode == "both" and stage.trainer.algorithm == "grpo" \
+        algorithm = stage.trainer.algorithm
+        if stage.mode == "both" and algorithm in ("grpo", "rloo", "opmd", "mix") \
                 and stage.explorer.repeat < 2:
             yield (*where, "explorer", "repeat"), (
-                "grpo compares the rollouts of one task with each other, so it needs "
+                f"{algorithm} compares the rollouts of one task with each other, so it needs "
                 f"repeat >= 2, got {stage.explorer.repeat}")
 
 

@@ -14,6 +14,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from rft_hpc.buffer.config import BufferConfig
+from rft_hpc.config.algorithm import AlgorithmConfig, AlgorithmType, sync_algorithm_type
 from rft_hpc.launch.config import LaunchConfig
 from rft_hpc.tasks.config import ArithmeticTasks, TasksConfig
 
@@ -113,8 +114,9 @@ class ExplorerConfig(_Section):
 class TrainerConfig(_Section):
     """The trainer: reads experiences from the buffer, updates and publishes the policy."""
 
-    algorithm: Literal["grpo", "ppo", "sft", "dpo"] = "grpo"
-    """Training algorithm (Trinity-RFT's `algorithm_type`)."""
+    algorithm: AlgorithmType = "grpo"
+    """Training algorithm: the same setting as `algorithm.algorithm_type` (give either one);
+    the `algorithm` section refines it."""
 
     lr: float = Field(1e-5, gt=0.0)
     """Learning rate of the optimizer."""
@@ -142,10 +144,12 @@ class TrainerConfig(_Section):
     """AdamW weight decay."""
 
     clip_ratio: float = Field(0.2, gt=0.0)
-    """PPO/GRPO clip range of the policy ratio (1 - clip, 1 + clip)."""
+    """Clip range of the policy ratio (1 - clip, 1 + clip) of the PPO-style losses (ppo,
+    mix); `algorithm.policy_loss_fn_args.clip_range` overrides it."""
 
     kl_coef: float = Field(0.0, ge=0.0)
-    """Weight of the k3 KL penalty to the initial (reference) policy in the loss; 0 = none."""
+    """Shorthand for a k3 KL term to the starting (reference) policy in the loss, with this
+    weight; 0 = none. `algorithm.kl_loss_fn` and its `kl_coef` override it."""
 
     threads: int = Field(1, ge=1)
     """CPU threads of the trainer process (torch intra-op threads)."""
@@ -209,7 +213,12 @@ class DataConfig(_Section):
     """JSONL file (with source=jsonl)."""
 
     kind: Literal["sft", "dpo", "rl"] = "sft"
-    """Record kind of the JSONL file."""
+    """Record kind: of the JSONL file; with source=tasks `sft` (prompt -> answer) or `dpo`
+    (the answer chosen over a wrong one)."""
+
+    taskset: str | None = None
+    """Task-set name given to the imported records (default: their own). With a `mixture`
+    sampler it sets the share of offline (expert) records in each batch, as MIX wants."""
 
 
 class StageConfig(_Section):
@@ -223,6 +232,10 @@ class StageConfig(_Section):
 
     trainer: TrainerConfig | None = None
     """Trainer settings that differ from the base config's (only the keys given)."""
+
+    algorithm: AlgorithmConfig | None = None
+    """Algorithm settings that differ from the base config's (only the keys given; naming
+    `algorithm_type`, or `trainer.algorithm`, replaces the base's whole section)."""
 
     explorer: ExplorerConfig | None = None
     """Explorer settings that differ from the base config's (only the keys given)."""
@@ -238,6 +251,11 @@ class StageConfig(_Section):
 
     data: DataConfig | None = None
     """Offline data for a `train` stage."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _same_algorithm(cls, data: Any) -> Any:
+        return sync_algorithm_type(data)
 
 
 class ExperimentConfig(_Section):
@@ -261,6 +279,10 @@ class ExperimentConfig(_Section):
 
     trainer: TrainerConfig = Field(default_factory=TrainerConfig)
     """The policy update."""
+
+    algorithm: AlgorithmConfig = Field(default_factory=AlgorithmConfig)
+    """The RFT algorithm: advantages, policy loss, KL and entropy terms (Trinity-RFT's
+    `algorithm` section; docs/algorithms.md)."""
 
     sync: SyncConfig = Field(default_factory=SyncConfig)
     """Weight synchronization from the trainer to the explorers (Trinity-RFT's
@@ -291,11 +313,12 @@ class ExperimentConfig(_Section):
         out = []
         for stage in self.stages:
             merged = dict(base, stages=[])
-            for section in ("trainer", "explorer", "buffer", "sync", "eval"):
+            for section in ("trainer", "algorithm", "explorer", "buffer", "sync", "eval"):
                 given = getattr(stage, section)
                 if given is not None:
-                    merged[section] = _deep_update(base[section],
-                                                   given.model_dump(exclude_unset=True))
+                    changes = given.model_dump(exclude_unset=True)
+                    merged[section] = (changes if _replaces(changes)
+                                       else _deep_update(base[section], changes))
             if stage.mode is not None:
                 merged["mode"] = stage.mode
             if stage.data is not None:
@@ -309,13 +332,20 @@ class ExperimentConfig(_Section):
         """A section left empty in YAML (`trainer:` with nothing under it) takes its defaults."""
         if not isinstance(data, dict):
             return data
-        return {k: v for k, v in data.items() if not (v is None and k in _SECTIONS)}
+        return sync_algorithm_type({k: v for k, v in data.items()
+                                    if not (v is None and k in _SECTIONS)})
+
+
+def _replaces(changes: dict[str, Any]) -> bool:
+    """A mapping naming a variant (`type`) or an algorithm preset (`algorithm_type`) replaces
+    the base's whole mapping instead of updating it key by key."""
+    return "type" in changes or "algorithm_type" in changes
 
 
 def _deep_update(base: dict[str, Any], changes: dict[str, Any]) -> dict[str, Any]:
     out = dict(base)
     for key, value in changes.items():
-        if isinstance(value, dict) and isinstance(out.get(key), dict) and "type" not in value:
+        if isinstance(value, dict) and isinstance(out.get(key), dict) and not _replaces(value):
             out[key] = _deep_update(out[key], value)
         else:
             out[key] = value

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import yaml
 
-from rft_hpc.buffer.jsonl import import_jsonl, write_new_writer
-from rft_hpc.buffer.records import SFTSample
+from rft_hpc.buffer.jsonl import read_jsonl_records, write_new_writer
+from rft_hpc.buffer.offline import task_records
 from rft_hpc.config import ExperimentConfig, load_config
 from rft_hpc.errors import UserError
 from rft_hpc.launch.config import LaunchConfig
@@ -97,7 +97,6 @@ def prepare_model(config: ExperimentConfig) -> ExperimentConfig:
 _NOT_YET = (
     ("sync", "method", ("nccl", "mpi")),
     ("explorer", "engine", ("vllm",)),
-    ("trainer", "algorithm", ("ppo", "dpo")),
 )
 
 
@@ -151,7 +150,8 @@ def prepare_stage(config: ExperimentConfig, folder: Path, start_weights: Path | 
     run = RunDir(folder).create()
     if not run.config.exists():
         freeze_config(stage, run.config)
-    if stage.mode == "train" and not (run.buffer / OFFLINE_WRITER).exists():
+    offline = stage.mode == "train" or (stage.mode == "both" and stage.data is not None)
+    if offline and not (run.buffer / OFFLINE_WRITER).exists():
         _import_offline_data(stage, run)
     return run
 
@@ -163,20 +163,19 @@ def _import_offline_data(config: ExperimentConfig, run: RunDir) -> None:
     if data.source == "jsonl":
         if data.path is None:
             raise UserError("data.path is not set (data.source is jsonl)")
-        import_jsonl(data.path, data.kind, run.buffer, tokenizer=config.model.path,
-                     writer=OFFLINE_WRITER)
-        return
-    from transformers import AutoTokenizer
+        records = read_jsonl_records(data.path, data.kind, tokenizer=config.model.path)
+    else:
+        from transformers import AutoTokenizer
 
-    tok = AutoTokenizer.from_pretrained(str(config.model.path), local_files_only=True)
-    train, _ = build_tasks(config.tasks, config.run.seed)
-    samples = []
-    for task in train:
-        prompt = list(tok(task.prompt, add_special_tokens=True)["input_ids"])
-        answer = list(tok(task.answer, add_special_tokens=False)["input_ids"])
-        samples.append(SFTSample(prompt + answer + [tok.eos_token_id], len(prompt),
-                                 task_id=task.task_id, taskset=task.taskset))
-    write_new_writer(samples, "sft", run.buffer, OFFLINE_WRITER)
+        if data.kind == "rl":
+            raise UserError("data.kind rl needs data.source jsonl (tasks have no rollouts)")
+        tok = AutoTokenizer.from_pretrained(str(config.model.path), local_files_only=True)
+        train, _ = build_tasks(config.tasks, config.run.seed)
+        records = task_records(train, tok, data.kind, config.run.seed)
+    if data.taskset is not None:
+        for record in records:
+            record.taskset = data.taskset
+    write_new_writer(records, data.kind, run.buffer, OFFLINE_WRITER)
 
 
 def stage_result(run: RunDir) -> dict | None:

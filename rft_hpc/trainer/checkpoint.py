@@ -9,6 +9,8 @@ Layout (in the run directory's `ckpt/`)::
       scheduler.pt                     torch.save(scheduler.state_dict()), with a scheduler
       rng.json                         python, numpy, torch (and CUDA) RNG states
       cursor.json                      the buffer reader's cursor
+      <name>.pt                        torch.save(state_dict()) of each further part (the
+                                       PPO critic and its optimizer), when there are some
       state.json                       format, step, config hash, extra, model file checksum
 
 A checkpoint folder is written under a `.tmp-` name, fsynced and renamed into place before
@@ -22,6 +24,7 @@ import random
 import re
 import shutil
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -72,12 +75,13 @@ class TrainerState:
 def save_trainer_state(ckpt_dir: str | Path, step: int, *, model: torch.nn.Module,
                        optimizer: torch.optim.Optimizer, scheduler: Any = None,
                        cursor: dict[str, Any], extra: dict[str, Any], config_hash: str,
-                       keep: int = 2) -> Path:
+                       keep: int = 2, modules: Mapping[str, Any] | None = None) -> Path:
     """Save the whole trainer state as `ckpt_dir/trainer/step-<NNNNNN>` and point LATEST at it.
 
     Written into a `.tmp-` folder (every file fsynced), renamed into place (replacing an
     earlier save of the same step), then `ckpt_dir/LATEST` is replaced atomically and all
     checkpoints but the newest `keep` and this one are deleted. One writer per `ckpt_dir`.
+    `modules`: further parts with a `state_dict()` (a critic, its optimizer), saved by name.
     Returns the checkpoint folder.
     """
     if keep < 1:
@@ -92,12 +96,15 @@ def save_trainer_state(ckpt_dir: str | Path, step: int, *, model: torch.nn.Modul
         _torch_save(optimizer.state_dict(), tmp / "optimizer.pt")
         if scheduler is not None:
             _torch_save(scheduler.state_dict(), tmp / "scheduler.pt")
+        for name, part in (modules or {}).items():
+            _torch_save(part.state_dict(), tmp / f"{name}.pt")
         atomic_write_json(tmp / "rng.json", _rng_state())
         atomic_write_json(tmp / "cursor.json", cursor)
         atomic_write_json(tmp / "state.json", {
             "format": STATE_FORMAT, "format_version": STATE_FORMAT_VERSION, "step": step,
             "config_hash": config_hash, "extra": extra, "created": time.time(),
             "has_scheduler": scheduler is not None, "checksum_algorithm": CHECKSUM_ALGORITHM,
+            "modules": sorted(modules or {}),
             "model": digest.as_json()})
         commit_folder(tmp, final)
     except BaseException:
@@ -110,13 +117,15 @@ def save_trainer_state(ckpt_dir: str | Path, step: int, *, model: torch.nn.Modul
 
 def load_trainer_state(ckpt_dir: str | Path, model: torch.nn.Module,
                        optimizer: torch.optim.Optimizer, scheduler: Any = None,
-                       config_hash: str | None = None) -> TrainerState | None:
+                       config_hash: str | None = None,
+                       modules: Mapping[str, Any] | None = None) -> TrainerState | None:
     """Restore the checkpoint `ckpt_dir/LATEST` names, or return None when there is none.
 
     Loads the model, optimizer and scheduler in place and restores the RNG states, so that
     training continues exactly as if it had never stopped. With `config_hash`, a checkpoint
     of another config is refused (`CheckpointError` naming both hashes) before anything is
-    touched; so is a corrupt model file, or a scheduler to restore that was never saved.
+    touched; so is a corrupt model file, or a scheduler or one of `modules` (parts with a
+    `load_state_dict`, as given to `save_trainer_state`) to restore that was never saved.
     """
     pointer = Path(ckpt_dir) / "LATEST"
     try:
@@ -138,6 +147,9 @@ def load_trainer_state(ckpt_dir: str | Path, model: torch.nn.Module,
             f"current config hashes to {config_hash}: the config changed since the run started")
     if scheduler is not None and not state["has_scheduler"]:
         raise CheckpointError(f"{folder} holds no scheduler state, but a scheduler was given")
+    missing = sorted(set(modules or {}) - set(state.get("modules", [])))
+    if missing:
+        raise CheckpointError(f"{folder} holds no {', '.join(missing)} state")
     tensors, digest = load_safetensors(folder / "model.safetensors")
     expected = FileDigest(state["model"]["bytes"], state["model"]["checksum"])
     if digest != expected:
@@ -147,6 +159,8 @@ def load_trainer_state(ckpt_dir: str | Path, model: torch.nn.Module,
     optimizer.load_state_dict(_torch_load(folder / "optimizer.pt"))
     if scheduler is not None:
         scheduler.load_state_dict(_torch_load(folder / "scheduler.pt"))
+    for name, part in (modules or {}).items():
+        part.load_state_dict(_torch_load(folder / f"{name}.pt"))
     _set_rng_state(read_json(folder / "rng.json"))
     return TrainerState(step=state["step"], cursor=read_json(folder / "cursor.json"),
                         extra=state["extra"], config_hash=state["config_hash"], path=folder)

@@ -39,6 +39,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from rft_hpc.algorithms.aggregation import LossNorm
 from rft_hpc.buffer.reader import Batch
 from rft_hpc.buffer.records import Record
 from rft_hpc.trainer.losses import grpo_advantages
@@ -196,6 +197,15 @@ def scatter_objects(objs: Sequence[Any] | None, ctx: DistContext) -> Any:
     return out[0]
 
 
+def all_gather_objects(obj: Any, ctx: DistContext) -> list[Any]:
+    """Every rank's `obj`, in rank order, on every rank."""
+    if not ctx.distributed:
+        return [obj]
+    out: list[Any] = [None] * ctx.world_size
+    dist.all_gather_object(out, obj, group=_control)
+    return out
+
+
 def all_reduce_sum(tensor: torch.Tensor, ctx: DistContext) -> torch.Tensor:
     """Sum `tensor` over the ranks, in place (on the rank's device); returns it."""
     if ctx.distributed:
@@ -266,13 +276,23 @@ class Shard:
 
     records: list[Record]
     advantages: torch.Tensor | None
-    """GRPO: each record's advantage (over its group in the whole batch) times its sample
-    weight, float32 [len(records)]; None for SFT."""
+    """The advantages of this shard's rows, computed over the whole batch, times each
+    record's sample weight: float32 [rows] (per sequence) or [rows, T] (per token, T the
+    whole batch's padded length); None without advantages (SFT, DPO)."""
     num_tokens: int
     """Trained (loss) tokens in the whole batch: the divisor of the global token-mean."""
     num_records: int
     """Records in the whole batch."""
     dropped_stale: int = 0
+    rows: dict[str, torch.Tensor] = field(default_factory=dict)
+    """Other per-row tensors computed over the whole batch (critic values, returns, ...),
+    sliced like `advantages`."""
+    norm: LossNorm | None = None
+    """The whole batch's loss divisors (of its RL rows, for MIX)."""
+    expert_norm: LossNorm | None = None
+    """MIX: the whole batch's loss divisors of its expert rows."""
+    metrics: dict[str, float] = field(default_factory=dict)
+    """Metrics of the whole batch computed before sharding (e.g. the mean reward)."""
 
 
 def loss_tokens(records: Sequence[Record]) -> int:
@@ -281,24 +301,35 @@ def loss_tokens(records: Sequence[Record]) -> int:
     return sum(int(r.response_mask[1:].sum()) for r in records)
 
 
-def shard_batch(batch: Batch, world_size: int, *, advantages: bool) -> list[Shard]:
+def shard_batch(batch: Batch, world_size: int, *, advantages: bool | torch.Tensor,
+                rows: dict[str, torch.Tensor] | None = None, rows_per_record: int = 1,
+                num_tokens: int | None = None, norm: LossNorm | None = None,
+                expert_norm: LossNorm | None = None,
+                metrics: dict[str, float] | None = None) -> list[Shard]:
     """Split `batch` into `world_size` contiguous shards of (nearly) equal record counts.
 
-    With `advantages` (GRPO) the advantages are computed here over the whole batch, as a
-    single process would, and sliced with the records; a shard may be empty when the batch
-    has fewer records than there are ranks.
+    `advantages`: True computes GRPO advantages here over the whole batch, as a single
+    process would; a tensor gives them, one row per collated row (`rows_per_record` rows per
+    record: 2 for DPO pairs). They and the tensors of `rows` are sliced with the records; a
+    shard may be empty when the batch has fewer records than there are ranks.
+    `num_tokens` defaults to `loss_tokens(batch.records)`.
     """
     records = batch.records
     n = len(records)
     adv = None
-    if advantages:
+    if isinstance(advantages, torch.Tensor):
+        adv = advantages
+    elif advantages:
         rewards = torch.tensor([r.reward for r in records], dtype=torch.float32)
         groups = torch.tensor([r.group_id for r in records], dtype=torch.long)
         adv = grpo_advantages(rewards, groups)
         adv = adv * torch.tensor(batch.weights, dtype=adv.dtype)
-    total = loss_tokens(records)
+    total = loss_tokens(records) if num_tokens is None else num_tokens
     bounds = [n * i // world_size for i in range(world_size + 1)]
+    k = rows_per_record
     return [Shard(records=records[lo:hi],
-                  advantages=None if adv is None else adv[lo:hi].clone(),
-                  num_tokens=total, num_records=n, dropped_stale=batch.dropped_stale)
+                  advantages=None if adv is None else adv[lo * k:hi * k].clone(),
+                  num_tokens=total, num_records=n, dropped_stale=batch.dropped_stale,
+                  rows={name: t[lo * k:hi * k].clone() for name, t in (rows or {}).items()},
+                  norm=norm, expert_norm=expert_norm, metrics=dict(metrics or {}))
             for lo, hi in itertools.pairwise(bounds)]

@@ -117,7 +117,7 @@ def _follow(trainer: Trainer, step: int) -> int:
 def _restore(trainer: Trainer, run: RunDir, chash: str) -> TrainerState | None:
     """Load the latest checkpoint on every rank; the ranks must agree on its step."""
     saved = load_trainer_state(run.ckpt, trainer.model, trainer.optimizer, trainer.scheduler,
-                               config_hash=chash)
+                               config_hash=chash, modules=trainer.checkpoint_modules())
     step = saved.step if saved else 0
     lead = broadcast_object(step, trainer.dist)
     if lead != step:
@@ -184,7 +184,7 @@ def _lead(trainer: Trainer, run: RunDir, stop: StopFlag, saved: TrainerState | N
         save_trainer_state(run.ckpt, step, model=trainer.model, optimizer=trainer.optimizer,
                            scheduler=trainer.scheduler, cursor=cursor,
                            extra={"last_eval": last_eval}, config_hash=chash,
-                           keep=tcfg.keep_checkpoints)
+                           keep=tcfg.keep_checkpoints, modules=trainer.checkpoint_modules())
         ledger.append("save", step=step)
         clock.observe_save(time.monotonic() - t0)
 

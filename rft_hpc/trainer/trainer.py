@@ -1,8 +1,12 @@
 """The policy being trained: model, optimizer, loss; `Trainer.step` is one update.
 
-With several ranks (`rft_hpc.trainer.distributed`) every rank holds a full replica and
-`step` is a collective: rank 0 shards the batch (GRPO advantages over the whole batch), each
-rank's loss is its tokens' share of the whole batch's token-mean, gradients are summed.
+The algorithm comes from the config (`AlgorithmPlan`): advantages, policy loss, KL in the
+reward or the loss against a frozen copy of the starting policy, entropy bonus, and for PPO
+a critic with its own optimizer. Every step, rank 0 computes what needs the whole batch
+(advantages, critic values, loss divisors: `BatchPreparer`) and hands each rank its shard;
+with one process that is the whole batch. Each rank's loss is its rows' share of the whole
+batch's loss, the gradients are summed over the ranks, so any number of ranks takes the same
+step.
 """
 
 from __future__ import annotations
@@ -14,33 +18,38 @@ from typing import Any
 
 import torch
 
+from rft_hpc.algorithms import (
+    PolicyLossInputs,
+    ValueHeadModel,
+    compute_policy_loss,
+    entropy_bonus,
+    kl_loss,
+    token_entropy,
+    value_loss,
+)
 from rft_hpc.buffer.reader import Batch
 from rft_hpc.config import ExperimentConfig
 from rft_hpc.engines.hf import HFEngine, load_policy
 from rft_hpc.eval.accuracy import exact_match_accuracy
 from rft_hpc.explorer.role import load_start_weights
-from rft_hpc.trainer.batching import TokenBatch, collate
+from rft_hpc.trainer.algorithm import AlgorithmPlan
 from rft_hpc.trainer.distributed import (
     DistContext,
     Shard,
+    all_gather_objects,
     all_reduce_gradients,
-    all_reduce_sum,
     broadcast_parameters,
     scatter_objects,
-    shard_batch,
 )
-from rft_hpc.trainer.losses import (
-    grpo_advantages,
-    kl_penalty,
-    policy_loss,
-    sft_loss,
-    token_logprobs,
-)
+from rft_hpc.trainer.losses import target_logprobs
+from rft_hpc.trainer.prepare import BatchPreparer, collate_for, expert_rows, old_logprobs
+from rft_hpc.trainer.step_metrics import LocalMetrics, merge_metrics
 
 
 def config_hash(config: ExperimentConfig) -> str:
     """Hash of the settings a resumed trainer must share with the saved one."""
-    keep = config.model_dump(mode="json", include={"model", "buffer", "trainer", "tasks"})
+    keep = config.model_dump(mode="json", include={"model", "buffer", "trainer", "algorithm",
+                                                   "tasks"})
     for key in ("steps", "save_interval", "keep_checkpoints", "threads"):
         keep["trainer"].pop(key, None)
     return hashlib.sha256(json.dumps(keep, sort_keys=True).encode()).hexdigest()[:16]
@@ -56,6 +65,7 @@ class Trainer:
     def __init__(self, config: ExperimentConfig, dist: DistContext | None = None) -> None:
         self.config = config
         self.dist = dist if dist is not None else DistContext()
+        self.plan = AlgorithmPlan.of(config)
         tcfg = config.trainer
         self.tokenizer, self.model = load_policy(config.model.path, config.model.dtype)
         self.device = self.dist.device
@@ -66,75 +76,110 @@ class Trainer:
         load_start_weights(self.engine, config)
         broadcast_parameters(self.model, self.dist)
         self.model.train()
-        self.reference = copy.deepcopy(self.model).eval() if tcfg.kl_coef > 0 else None
+        self.reference = _frozen(self.model) if self.plan.needs_reference else None
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=tcfg.lr,
                                            weight_decay=tcfg.weight_decay)
         warmup = tcfg.warmup_steps
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, lambda s: min(1.0, (s + 1) / warmup) if warmup else 1.0)
+        self.critic: ValueHeadModel | None = None
+        self.critic_optimizer: torch.optim.Optimizer | None = None
+        if self.plan.critic_lr is not None:
+            self.critic = ValueHeadModel(copy.deepcopy(self.model)).train()
+            broadcast_parameters(self.critic, self.dist)
+            self.critic_optimizer = torch.optim.AdamW(
+                [p for p in self.critic.parameters() if p.requires_grad],
+                lr=self.plan.critic_lr, weight_decay=tcfg.weight_decay)
         self.pad_id = self.engine.pad_id
+        rl = self.plan.is_rl
+        self.temperature = (self.config.explorer.temperature or 1.0) if rl else 1.0
+        self.preparer = BatchPreparer(self.plan, self.model, self.reference, self.critic,
+                                      self.temperature, self.pad_id, self.device)
+
+    def checkpoint_modules(self) -> dict[str, Any]:
+        """Parts saved with a checkpoint besides the policy, optimizer and schedule."""
+        if self.critic is None:
+            return {}
+        return {"critic": self.critic, "critic_optimizer": self.critic_optimizer}
 
     def step(self, batch: Batch | None) -> dict[str, float]:
         """One optimizer step on `batch`; returns the step's metrics.
 
         With several ranks this is a collective that every rank calls: rank 0 with the
-        whole batch, the others with None. Rank 0 sends each rank its shard (GRPO advantages
-        computed over the whole batch); each rank's loss is its tokens' share of the whole
-        batch's token-mean; the gradients are summed over the ranks; every rank takes the
-        same optimizer step. The metrics, on every rank, are those of the whole batch.
+        whole batch, the others with None. Rank 0 computes what needs the whole batch
+        (advantages, critic values, loss divisors) and sends each rank its shard; each
+        rank's loss is its rows' share of the whole batch's loss; the gradients are summed
+        over the ranks; every rank takes the same optimizer step. The metrics, on every
+        rank, are those of the whole batch.
         """
-        if self.dist.distributed:
-            return self._step_shard(self._receive_shard(batch))
-        if batch is None:
-            raise ValueError("a single-process trainer needs a batch")
-        cfg = self.config.trainer
-        tb = collate(batch.records, pad_id=self.pad_id)
-        adv = None
-        if cfg.algorithm != "sft":
-            adv = grpo_advantages(tb.rewards, tb.group_ids)
-            adv = adv * torch.tensor(batch.weights, dtype=adv.dtype)
-        loss, values = self._loss(tb, adv)
-        if adv is not None:
-            values["reward_mean"] = float(tb.rewards.float().mean())
-        self.optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        values.update(self._optimizer_step())
-        values.update(loss=float(loss), lr=self.scheduler.get_last_lr()[0],
-                      tokens=float(tb.loss_mask.sum()), stale_dropped=batch.dropped_stale)
-        return values
+        if self.dist.is_main:
+            if batch is None:
+                raise ValueError("rank 0 (or a single-process trainer) needs a batch")
+            return self._step_shard(scatter_objects(
+                self.preparer.shards(batch, self.dist.world_size), self.dist))
+        return self._step_shard(scatter_objects(None, self.dist))
 
-    def _loss(self, tb: TokenBatch, adv: torch.Tensor | None,
-              num_tokens: int | None = None) -> tuple[torch.Tensor, dict[str, float]]:
-        """Loss of `tb` (SFT, or GRPO with advantages `adv`) and its metrics.
-
-        `num_tokens`: divisor of the token-mean (default: the tokens of `tb`)."""
-        cfg = self.config.trainer
-        values: dict[str, float] = {}
-        if cfg.algorithm == "sft":
-            return sft_loss(token_logprobs(self.model, tb), tb.loss_mask,
-                            num_tokens=num_tokens), values
-        temperature = self.config.explorer.temperature or 1.0
-        new = token_logprobs(self.model, tb, temperature)
-        old = tb.old_logprobs
-        if tb.has_old_logprobs is not None and not bool(tb.has_old_logprobs.all()):
-            # Imported records carry no rollout log-probs: treat them as on-policy.
-            known = tb.has_old_logprobs.unsqueeze(1)
-            old = torch.where(known, old, new.detach())
-            values["unknown_logprob_records"] = float((~tb.has_old_logprobs).sum())
-        assert adv is not None
-        loss, parts = policy_loss(new, old, adv, tb.loss_mask, clip_low=cfg.clip_ratio,
-                                  clip_high=cfg.clip_ratio, num_tokens=num_tokens)
-        values.update({k: float(v) for k, v in parts.items()})
-        if self.reference is not None:
+    def _loss(self, shard: Shard) -> tuple[torch.Tensor, torch.Tensor | None, LocalMetrics]:
+        """This shard's share of the policy loss and of the critic's value loss (None
+        without a critic), and its metrics."""
+        plan = self.plan
+        tb = collate_for(plan, shard.records, self.pad_id)
+        width = tb.loss_mask.shape[1]
+        rows = {k: v[:, :width] for k, v in shard.rows.items()}
+        adv = None if shard.advantages is None else shard.advantages[:, :width]
+        if self.device.type != "cpu":
+            tb = tb.to(self.device)
+            rows = {k: v.to(self.device) for k, v in rows.items()}
+            adv = None if adv is None else adv.to(self.device)
+        mask = tb.loss_mask
+        logits = self.model(input_ids=tb.input_ids, attention_mask=tb.attention_mask,
+                            use_cache=False).logits
+        logp = target_logprobs(logits, tb.targets, self.temperature)
+        out = LocalMetrics(tokens=float(mask.sum()), rows=float(mask.shape[0]))
+        is_expert = old = ref = None
+        rl_mask = mask
+        if plan.is_rl:
+            old = old_logprobs(tb, logp)
+            if tb.has_old_logprobs is not None:
+                out.add_sum("unknown_logprob_records", float((~tb.has_old_logprobs).sum()))
+            if plan.type == "mix":
+                is_expert = expert_rows(shard.records).to(mask.device)
+                rl_mask = mask * (~is_expert).unsqueeze(1).to(mask.dtype)
+                out.rl_tokens = float(rl_mask.sum())
+        if self.reference is not None and (plan.kl_loss or plan.policy_loss_fn == "dpo"):
             with torch.no_grad():
-                ref = token_logprobs(self.reference, tb, temperature)
-            kl = kl_penalty(new, ref, tb.loss_mask, num_tokens=num_tokens)
-            loss = loss + cfg.kl_coef * kl
-            values["kl_ref"] = float(kl)
-        return loss, values
+                ref = target_logprobs(self.reference(
+                    input_ids=tb.input_ids, attention_mask=tb.attention_mask,
+                    use_cache=False).logits, tb.targets, self.temperature)
+        inputs = PolicyLossInputs(logp=logp, mask=mask, old_logp=old, advantages=adv,
+                                  ref_logp=ref, is_expert=is_expert, norm=shard.norm,
+                                  expert_norm=shard.expert_norm)
+        loss, parts = compute_policy_loss(plan.policy_loss_fn, inputs, **plan.policy_loss_args)
+        out.add_parts(parts)
+        agg = plan.loss_agg_mode
+        if plan.kl_loss is not None:
+            assert ref is not None
+            term, kl_parts = kl_loss(logp, ref, rl_mask, plan.kl_loss, plan.kl_loss_coef, agg,
+                                     shard.norm)
+            loss = loss + term
+            out.add_sum("kl_ref", float(kl_parts["kl_loss"]))
+        if plan.entropy_coef > 0:
+            term, ent_parts = entropy_bonus(token_entropy(logits, self.temperature), rl_mask,
+                                            plan.entropy_coef, agg, shard.norm)
+            loss = loss + term
+            out.add_sum("entropy", float(ent_parts["entropy"]))
+        vloss = None
+        if self.critic is not None:
+            values = self.critic.token_values(tb)
+            vloss, v_parts = value_loss(values, rows["old_values"], rows["returns"], mask,
+                                        plan.cliprange_value, agg, shard.norm)
+            out.add_parts(v_parts)
+            out.add_sum("value_loss", float(vloss.detach()))
+        out.add_sum("loss", float(loss.detach()))
+        return loss, vloss, out
 
     def _optimizer_step(self) -> dict[str, float]:
-        """Clip the gradients (when configured), step the optimizer and the schedule."""
+        """Clip the gradients (when configured), step the optimizers and the schedule."""
         cfg = self.config.trainer
         values = {}
         if cfg.grad_clip > 0:
@@ -142,57 +187,30 @@ class Trainer:
                                                                        cfg.grad_clip))
         self.optimizer.step()
         self.scheduler.step()
+        if self.critic is not None and self.critic_optimizer is not None:
+            if cfg.grad_clip > 0:
+                values["critic_grad_norm"] = float(torch.nn.utils.clip_grad_norm_(
+                    self.critic.parameters(), cfg.grad_clip))
+            self.critic_optimizer.step()
         return values
 
-    def _receive_shard(self, batch: Batch | None) -> Shard:
-        if self.dist.is_main:
-            if batch is None:
-                raise ValueError("rank 0 must pass the batch")
-            shards = shard_batch(batch, self.dist.world_size,
-                                 advantages=self.config.trainer.algorithm != "sft")
-            return scatter_objects(shards, self.dist)
-        return scatter_objects(None, self.dist)
-
-    # Metrics summed over the ranks; token means travel as sums over each rank's tokens.
-    _SUMS = ("loss", "unknown_logprob_records", "clip_fraction", "ratio_mean", "approx_kl",
-             "kl_ref", "reward_sum")
-    _PER_TOKEN = ("clip_fraction", "ratio_mean", "approx_kl")
-
     def _step_shard(self, shard: Shard) -> dict[str, float]:
-        """This rank's part of a data-parallel step (see `step`)."""
+        """This rank's part of a step (the whole step with one process; see `step`)."""
         self.optimizer.zero_grad(set_to_none=True)
-        local: dict[str, float] = {}
+        if self.critic_optimizer is not None:
+            self.critic_optimizer.zero_grad(set_to_none=True)
+        local = None
         if shard.records:
-            tb = collate(shard.records, pad_id=self.pad_id)
-            adv = shard.advantages
-            if self.device.type != "cpu":
-                tb = tb.to(self.device)
-                adv = None if adv is None else adv.to(self.device)
-            loss, local = self._loss(tb, adv, num_tokens=shard.num_tokens)
-            loss.backward()
-            mine = float(tb.loss_mask.sum())
-            for key in self._PER_TOKEN:
-                if key in local:
-                    local[key] *= mine
-            local["loss"] = float(loss)
-            if tb.rewards is not None:
-                local["reward_sum"] = float(tb.rewards.double().sum())
-        sums = torch.tensor([local.get(k, 0.0) for k in self._SUMS], dtype=torch.float64,
-                            device=self.device)
-        total = dict(zip(self._SUMS, all_reduce_sum(sums, self.dist).tolist(), strict=True))
+            loss, vloss, local = self._loss(shard)
+            (loss if vloss is None else loss + vloss).backward()
+        gathered = all_gather_objects(local, self.dist)
         all_reduce_gradients(self.model.parameters(), self.dist)
-        values: dict[str, float] = {}
-        grpo = self.config.trainer.algorithm != "sft"
-        if grpo:
-            if total["unknown_logprob_records"]:
-                values["unknown_logprob_records"] = total["unknown_logprob_records"]
-            for key in self._PER_TOKEN:
-                values[key] = total[key] / max(shard.num_tokens, 1)
-            if self.reference is not None:
-                values["kl_ref"] = total["kl_ref"]
-            values["reward_mean"] = total["reward_sum"] / max(shard.num_records, 1)
+        if self.critic is not None:
+            all_reduce_gradients(self.critic.parameters(), self.dist)
+        values = dict(shard.metrics)
+        values.update(merge_metrics([m for m in gathered if m is not None]))
         values.update(self._optimizer_step())
-        values.update(loss=total["loss"], lr=self.scheduler.get_last_lr()[0],
+        values.update(loss=values.pop("loss", 0.0), lr=self.scheduler.get_last_lr()[0],
                       tokens=float(shard.num_tokens), stale_dropped=shard.dropped_stale)
         return values
 
@@ -201,3 +219,11 @@ class Trainer:
         ecfg = self.config.eval
         return exact_match_accuracy(self.engine, tasks, max_new_tokens=ecfg.max_new_tokens,
                                     batch_size=ecfg.batch_size)
+
+
+def _frozen(model: torch.nn.Module) -> torch.nn.Module:
+    """A frozen copy of `model` (the reference policy of KL terms and DPO)."""
+    ref = copy.deepcopy(model).eval()
+    for p in ref.parameters():
+        p.requires_grad_(False)
+    return ref

@@ -1,0 +1,138 @@
+"""The algorithm a trainer runs, resolved from the config: presets, plug-ins, defaults.
+
+`AlgorithmPlan.of(config)` turns the `algorithm` section (and the `trainer` shorthands
+`clip_ratio`, `kl_coef`) into the functions and keyword arguments each step calls, so a typo
+in a function name or an argument fails when the trainer starts, not at its first step.
+"""
+
+from __future__ import annotations
+
+import inspect
+from dataclasses import dataclass
+from typing import Any
+
+from rft_hpc.algorithms.registry import resolve_advantage, resolve_policy_loss
+from rft_hpc.config import ExperimentConfig
+from rft_hpc.errors import UserError
+
+PRESETS: dict[str, tuple[str | None, str]] = {
+    # algorithm_type: (advantage_fn, policy_loss_fn), as Trinity-RFT's presets
+    "grpo": ("grpo", "ppo"),
+    "ppo": ("ppo", "ppo"),
+    "rloo": ("rloo", "ppo"),
+    "reinforceplusplus": ("reinforceplusplus", "ppo"),
+    "opmd": ("opmd", "opmd"),
+    "sft": (None, "sft"),
+    "dpo": (None, "dpo"),
+    "mix": ("grpo", "mix"),
+}
+"""The advantage function (None: none) and policy loss of each `algorithm_type`."""
+
+DEFAULT_KL_COEF = 0.001
+DEFAULT_ENTROPY_COEF = 0.001
+
+
+@dataclass(frozen=True)
+class AlgorithmPlan:
+    """What one trainer step computes, with every default filled in."""
+
+    type: str
+    advantage_fn: str | None
+    advantage_args: dict[str, Any]
+    policy_loss_fn: str
+    policy_loss_args: dict[str, Any]
+    loss_agg_mode: str
+    kl_penalty: str | None = None
+    kl_penalty_coef: float = 0.0
+    kl_loss: str | None = None
+    kl_loss_coef: float = 0.0
+    entropy_coef: float = 0.0
+    critic_lr: float | None = None
+    """Set for algorithms with a critic (GAE advantages)."""
+    cliprange_value: float | None = 0.5
+
+    @property
+    def is_rl(self) -> bool:
+        """True when the batch holds scored rollouts that get advantages."""
+        return self.advantage_fn is not None
+
+    @property
+    def needs_reference(self) -> bool:
+        """True when a frozen copy of the starting policy is needed (KL, DPO)."""
+        return bool(self.kl_penalty or self.kl_loss or self.type == "dpo")
+
+    @classmethod
+    def of(cls, config: ExperimentConfig) -> AlgorithmPlan:
+        """Resolve the algorithm of `config` (raises `UserError` for unknown names or
+        arguments the chosen functions do not take)."""
+        alg, tcfg = config.algorithm, config.trainer
+        adv_name, loss_name = PRESETS[alg.algorithm_type]
+        if alg.algorithm_type not in ("sft", "dpo") and alg.advantage_fn is not None:
+            adv_name = alg.advantage_fn
+        loss_name = alg.policy_loss_fn or loss_name
+        adv_args = dict(alg.advantage_fn_args)
+        if adv_name is not None:
+            _check_args(resolve_advantage(adv_name), adv_args, "advantage_fn", skip=1)
+        loss_fn = resolve_policy_loss(loss_name)
+        loss_args = dict(alg.policy_loss_fn_args)
+        accepted = _parameters(loss_fn)
+        if "clip_range" in accepted:
+            loss_args.setdefault("clip_range", tcfg.clip_ratio)
+        if "loss_agg_mode" in accepted:
+            loss_args.setdefault("loss_agg_mode", alg.loss_agg_mode)
+        _check_args(loss_fn, loss_args, "policy_loss_fn", skip=1)
+        kl_loss, kl_loss_coef = None, 0.0
+        if alg.kl_loss_fn != "none":
+            kl_loss = alg.kl_loss_fn
+            kl_loss_coef = _coef(alg.kl_loss_fn_args, "kl_loss_fn_args", "kl_coef",
+                                 tcfg.kl_coef or DEFAULT_KL_COEF)
+        elif tcfg.kl_coef > 0:
+            kl_loss, kl_loss_coef = "k3", tcfg.kl_coef
+        kl_penalty, kl_penalty_coef = None, 0.0
+        if alg.kl_penalty_fn != "none":
+            kl_penalty = alg.kl_penalty_fn
+            kl_penalty_coef = _coef(alg.kl_penalty_fn_args, "kl_penalty_fn_args", "kl_coef",
+                                    DEFAULT_KL_COEF)
+            if adv_name is None:
+                raise UserError(f"algorithm.kl_penalty_fn: {alg.algorithm_type} has no "
+                                "rewards to put a KL penalty into")
+        entropy = 0.0
+        if alg.entropy_loss_fn != "none":
+            entropy = _coef(alg.entropy_loss_fn_args, "entropy_loss_fn_args", "entropy_coef",
+                            DEFAULT_ENTROPY_COEF)
+        critic = adv_name in ("ppo", "gae")
+        return cls(type=alg.algorithm_type, advantage_fn=adv_name, advantage_args=adv_args,
+                   policy_loss_fn=loss_name, policy_loss_args=loss_args,
+                   loss_agg_mode=alg.loss_agg_mode, kl_penalty=kl_penalty,
+                   kl_penalty_coef=kl_penalty_coef, kl_loss=kl_loss, kl_loss_coef=kl_loss_coef,
+                   entropy_coef=entropy,
+                   critic_lr=(alg.critic_lr or tcfg.lr) if critic else None,
+                   cliprange_value=alg.cliprange_value)
+
+
+def _parameters(fn: Any) -> dict[str, inspect.Parameter]:
+    try:
+        return dict(inspect.signature(fn).parameters)
+    except (TypeError, ValueError):  # a builtin without a signature: accept anything
+        return {}
+
+
+def _check_args(fn: Any, args: dict[str, Any], key: str, skip: int) -> None:
+    params = list(_parameters(fn).values())[skip:]
+    if not params or any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params):
+        return
+    names = {p.name for p in params}
+    unknown = sorted(set(args) - names)
+    if unknown:
+        raise UserError(f"algorithm.{key}_args: {', '.join(unknown)} not taken by "
+                        f"{getattr(fn, '__name__', fn)}; it takes {', '.join(sorted(names))}")
+
+
+def _coef(args: dict[str, Any], key: str, name: str, default: float) -> float:
+    unknown = sorted(set(args) - {name})
+    if unknown:
+        raise UserError(f"algorithm.{key}: unknown {', '.join(unknown)}; only {name}")
+    value = args.get(name, default)
+    if not isinstance(value, int | float) or value < 0:
+        raise UserError(f"algorithm.{key}.{name} must be a number >= 0, got {value!r}")
+    return float(value)

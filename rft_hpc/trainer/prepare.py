@@ -1,0 +1,165 @@
+"""What a trainer step computes over the whole batch before it is split among the ranks.
+
+Advantages (group statistics, whitening), the KL penalty in the reward, the critic's values
+and the loss divisors (`LossNorm`) depend on the whole batch, so rank 0 computes them here
+and each rank receives its rows with its `Shard`; everything else is per row.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+
+from rft_hpc.algorithms.advantages import AdvantageBatch
+from rft_hpc.algorithms.aggregation import LossNorm, masked_mean
+from rft_hpc.algorithms.kl import kl_reward_penalty
+from rft_hpc.algorithms.registry import compute_advantages
+from rft_hpc.algorithms.value import ValueHeadModel
+from rft_hpc.buffer.reader import Batch
+from rft_hpc.buffer.records import DPOPair, Experience, Record, SFTSample
+from rft_hpc.errors import UserError
+from rft_hpc.trainer.algorithm import AlgorithmPlan
+from rft_hpc.trainer.batching import TokenBatch, collate, collate_dpo
+from rft_hpc.trainer.distributed import Shard, shard_batch
+from rft_hpc.trainer.losses import token_logprobs
+
+
+def collate_for(plan: AlgorithmPlan, records: Sequence[Record], pad_id: int) -> TokenBatch:
+    """The records as the plan's loss reads them: DPO pairs as two rows each, else one row
+    per record; refuses records the algorithm cannot train on."""
+    if plan.type == "dpo" or plan.policy_loss_fn == "dpo":
+        if not all(isinstance(r, DPOPair) for r in records):
+            raise UserError("dpo trains on preference pairs; the buffer holds other records "
+                            "(import pairs with `rft-hpc buffer import --kind dpo`)")
+        return collate_dpo(records, pad_id=pad_id)  # type: ignore[arg-type]
+    if any(isinstance(r, DPOPair) for r in records):
+        raise UserError(f"{plan.type} cannot train on DPO pairs found in the buffer")
+    if plan.is_rl and plan.type != "mix" and not all(isinstance(r, Experience)
+                                                     for r in records):
+        raise UserError(f"{plan.type} trains on scored rollouts; the buffer holds SFT samples "
+                        "(use algorithm_type mix to train on both)")
+    return with_known_logprobs(collate(records, pad_id=pad_id), records)  # type: ignore[arg-type]
+
+
+def expert_rows(records: Sequence[Record]) -> torch.Tensor:
+    """[B] bool: the rows that are expert (SFT) samples rather than rollouts (MIX)."""
+    return torch.tensor([isinstance(r, SFTSample) for r in records], dtype=torch.bool)
+
+
+def old_logprobs(tb: TokenBatch, policy_logp: torch.Tensor) -> torch.Tensor:
+    """The rollout log-probs of `tb`, with `policy_logp` (detached) for records imported
+    without them: such records count as on-policy."""
+    old = tb.old_logprobs
+    if tb.has_old_logprobs is not None and not bool(tb.has_old_logprobs.all()):
+        old = torch.where(tb.has_old_logprobs.unsqueeze(1), old, policy_logp.detach())
+    return old
+
+
+def _experience_view(tb: TokenBatch, records: Sequence[Record], rows: torch.Tensor,
+                     ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rewards and group ids of the rollout rows `rows` (an index tensor)."""
+    picked = [records[i] for i in rows.tolist()]
+    if tb.rewards is not None and len(picked) == len(records):
+        return tb.rewards, tb.group_ids  # type: ignore[return-value]
+    return (torch.tensor([r.reward for r in picked], dtype=torch.float32),
+            torch.tensor([r.group_id for r in picked], dtype=torch.long))
+
+
+class BatchPreparer:
+    """Rank 0's whole-batch computations for one algorithm (see the module doc)."""
+
+    def __init__(self, plan: AlgorithmPlan, policy: torch.nn.Module,
+                 reference: torch.nn.Module | None, critic: ValueHeadModel | None,
+                 temperature: float, pad_id: int, device: torch.device) -> None:
+        self.plan, self.policy, self.reference, self.critic = plan, policy, reference, critic
+        self.temperature, self.pad_id, self.device = temperature, pad_id, device
+
+    def shards(self, batch: Batch, world_size: int) -> list[Shard]:
+        """`batch` split into `world_size` shards, each with its rows of the whole-batch
+        tensors and the whole batch's divisors."""
+        plan, records = self.plan, batch.records
+        tb = collate_for(plan, records, self.pad_id)
+        mask = tb.loss_mask
+        num_tokens = int(mask.sum())
+        if not plan.is_rl:
+            return shard_batch(batch, world_size, advantages=False, num_tokens=num_tokens,
+                               rows_per_record=2 if tb.input_ids.shape[0] > len(records) else 1,
+                               norm=LossNorm.of(mask))
+        expert = expert_rows(records) if plan.type == "mix" else torch.zeros(len(records),
+                                                                                dtype=torch.bool)
+        rl_rows = (~expert).nonzero().squeeze(1)
+        rl_mask = mask * (~expert).unsqueeze(1).to(mask.dtype)
+        metrics: dict[str, float] = {}
+        rows: dict[str, torch.Tensor] = {}
+        advantages = torch.zeros(mask.shape, dtype=torch.float32)
+        if len(rl_rows):
+            adv, extra, metrics = self._advantages(tb, records, rl_rows)
+            weights = torch.tensor(batch.weights, dtype=torch.float32)[rl_rows]
+            advantages[rl_rows] = adv * weights.unsqueeze(1)
+            for name, t in extra.items():
+                rows[name] = torch.zeros(mask.shape, dtype=torch.float32)
+                rows[name][rl_rows] = t
+        return shard_batch(batch, world_size, advantages=advantages, rows=rows,
+                           num_tokens=num_tokens, norm=LossNorm.of(rl_mask),
+                           expert_norm=LossNorm.of(mask[expert]) if bool(expert.any()) else None,
+                           metrics=metrics)
+
+    @torch.no_grad()
+    def _advantages(self, tb: TokenBatch, records: Sequence[Record], rl_rows: torch.Tensor,
+                    ) -> tuple[torch.Tensor, dict[str, torch.Tensor], dict[str, float]]:
+        """Advantages [R, T] of the rollout rows, further per-row tensors (critic values and
+        returns) and whole-batch metrics."""
+        plan = self.plan
+        rewards, groups = _experience_view(tb, records, rl_rows)
+        sub = _rows(tb, rl_rows)
+        mask = sub.loss_mask
+        metrics = {"reward_mean": float(rewards.float().mean())}
+        fields: dict[str, torch.Tensor | None] = {}
+        extra: dict[str, torch.Tensor] = {}
+        dev = sub.to(self.device) if self.device.type != "cpu" else sub
+        if plan.kl_penalty is not None:
+            assert self.reference is not None
+            ref = token_logprobs(self.reference, dev, self.temperature).cpu()
+            old = sub.old_logprobs
+            if sub.has_old_logprobs is not None and not bool(sub.has_old_logprobs.all()):
+                old = old_logprobs(sub, token_logprobs(self.policy, dev, self.temperature).cpu())
+            penalty = kl_reward_penalty(old, ref, mask, plan.kl_penalty, plan.kl_penalty_coef)
+            fields["kl_penalty"] = penalty
+            metrics["kl_penalty"] = float(masked_mean(penalty, mask))
+        if self.critic is not None:
+            values = self.critic.token_values(dev).float().cpu()
+            fields["values"] = values
+            extra["old_values"] = values
+        adv_batch = AdvantageBatch(rewards=rewards, mask=mask, group_ids=groups, **fields)
+        adv, returns = compute_advantages(plan.advantage_fn or "", adv_batch,
+                                          **plan.advantage_args)
+        if self.critic is not None:
+            extra["returns"] = returns
+        return adv, extra, metrics
+
+
+def _rows(tb: TokenBatch, rows: torch.Tensor) -> TokenBatch:
+    """The batch restricted to `rows` (an index tensor)."""
+    if len(rows) == tb.input_ids.shape[0]:
+        return tb
+
+    def pick(t: torch.Tensor | None) -> torch.Tensor | None:
+        return None if t is None else t[rows]
+    return TokenBatch(input_ids=tb.input_ids[rows], attention_mask=tb.attention_mask[rows],
+                      targets=tb.targets[rows], loss_mask=tb.loss_mask[rows],
+                      old_logprobs=tb.old_logprobs[rows], rewards=pick(tb.rewards),
+                      group_ids=pick(tb.group_ids), has_old_logprobs=pick(tb.has_old_logprobs))
+
+
+def with_known_logprobs(tb: TokenBatch, records: Sequence[Record]) -> TokenBatch:
+    """`tb` with `has_old_logprobs` set for every row, also in a batch that mixes rollouts
+    and expert samples (whose log-probs are never read)."""
+    if tb.has_old_logprobs is not None or len(records) != tb.input_ids.shape[0]:
+        return tb
+    known = [not isinstance(r, Experience)
+             or not bool(np.isnan(r.logprobs[1:][r.response_mask[1:] > 0]).any())
+             for r in records]
+    return dataclasses.replace(tb, has_old_logprobs=torch.tensor(known, dtype=torch.bool))

@@ -1,0 +1,150 @@
+"""The trainer with the algorithm library: config knobs, DPO/SFT/PPO/MIX steps in process."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+from rft_hpc.buffer.offline import task_records
+from rft_hpc.buffer.reader import Batch
+from rft_hpc.buffer.records import Experience
+from rft_hpc.config import ConfigError, load_config
+from rft_hpc.eval.heldout import heldout_dpo_loss, heldout_sft_loss
+from rft_hpc.tasks.source import build_tasks
+from rft_hpc.trainer.algorithm import AlgorithmPlan
+from rft_hpc.trainer.checkpoint import load_trainer_state, save_trainer_state
+from rft_hpc.trainer.trainer import Trainer
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def config_file(tmp_path: Path, model: Path, **sections: object) -> Path:
+    data = {"run": {"root": str(tmp_path), "seed": 0}, "model": {"path": str(model)},
+            "tasks": {"type": "arithmetic", "digits": 1, "eval_size": 24}, **sections}
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+def test_trainer_algorithm_and_algorithm_type_are_one_setting(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text("algorithm: {algorithm_type: ppo}\n")
+    assert load_config(path).trainer.algorithm == "ppo"
+    path.write_text("trainer: {algorithm: rloo}\n")
+    assert load_config(path).algorithm.algorithm_type == "rloo"
+    path.write_text("trainer: {algorithm: sft}\nalgorithm: {algorithm_type: dpo}\n")
+    with pytest.raises(ConfigError, match="same setting"):
+        load_config(path)
+
+
+def test_a_stage_naming_another_algorithm_starts_from_its_preset(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text(yaml.safe_dump({
+        "algorithm": {"algorithm_type": "ppo", "policy_loss_fn_args": {"clip_ratio_c": 2.0},
+                      "kl_loss_fn": "k2"},
+        "stages": [{"name": "warm", "trainer": {"algorithm": "sft"}},
+                   {"name": "rl"}, {"name": "kl", "algorithm": {"kl_loss_fn": "k3"}}]}))
+    (_, warm), (_, rl), (_, kl) = load_config(path).stage_configs()
+    assert warm.algorithm.algorithm_type == "sft" and warm.algorithm.policy_loss_fn_args == {}
+    assert warm.algorithm.kl_loss_fn == "none"
+    assert (rl.trainer.algorithm, rl.algorithm.kl_loss_fn) == ("ppo", "k2")
+    assert (kl.algorithm.algorithm_type, kl.algorithm.kl_loss_fn) == ("ppo", "k3")
+    assert kl.algorithm.policy_loss_fn_args == {"clip_ratio_c": 2.0}
+
+
+def test_plan_fills_presets_shorthands_and_checks_arguments(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text("trainer: {clip_ratio: 0.3, kl_coef: 0.05}\n")
+    plan = AlgorithmPlan.of(load_config(path))
+    assert (plan.advantage_fn, plan.policy_loss_fn) == ("grpo", "ppo")
+    assert plan.policy_loss_args == {"clip_range": 0.3, "loss_agg_mode": "token-mean"}
+    assert (plan.kl_loss, plan.kl_loss_coef, plan.critic_lr) == ("k3", 0.05, None)
+    path.write_text("algorithm: {algorithm_type: ppo, critic_lr: 0.01, kl_loss_fn: k2, "
+                    "policy_loss_fn_args: {clip_range: 0.1}}\n")
+    plan = AlgorithmPlan.of(load_config(path))
+    assert (plan.advantage_fn, plan.critic_lr, plan.kl_loss_coef) == ("ppo", 0.01, 0.001)
+    assert plan.policy_loss_args["clip_range"] == 0.1
+    path.write_text("algorithm: {algorithm_type: dpo, policy_loss_fn_args: {bta: 0.1}}\n")
+    with pytest.raises(Exception, match="bta not taken by dpo_loss"):
+        AlgorithmPlan.of(load_config(path))
+    path.write_text("algorithm: {advantage_fn: 'no.such.module:fn'}\n")
+    with pytest.raises(Exception, match=r"no\.such\.module"):
+        AlgorithmPlan.of(load_config(path))
+
+
+@pytest.mark.parametrize(("kind", "measure"), [("dpo", "dpo"), ("sft", "sft")])
+def test_offline_steps_lower_the_held_out_loss(tmp_path, tiny_model, kind, measure):
+    config = load_config(config_file(tmp_path, tiny_model, mode="train",
+                                     trainer={"algorithm": kind, "lr": 3e-3, "batch_size": 16,
+                                              "grad_clip": 1.0}))
+    torch.manual_seed(0)
+    trainer = Trainer(config)
+    train, held_out = build_tasks(config.tasks, config.run.seed)
+    records = task_records(train, trainer.tokenizer, kind, seed=1)
+    reference = trainer.reference if kind == "dpo" else None
+
+    def loss() -> float:
+        if measure == "dpo":
+            return heldout_dpo_loss(trainer.model, reference, trainer.tokenizer, held_out)
+        return heldout_sft_loss(trainer.model, trainer.tokenizer, held_out)
+
+    before = loss()
+    for step in range(12):
+        part = [records[(step * 16 + i) % len(records)] for i in range(16)]
+        values = trainer.step(Batch(records=part, weights=[1.0] * 16, uses=[0] * 16))
+    after = loss()
+    print(f"{kind}: held-out {measure} loss {before:.4f} -> {after:.4f}")
+    assert after < before
+    if kind == "dpo":
+        assert before == pytest.approx(0.6931, abs=1e-3)  # the policy is its reference
+        assert {"accuracy_mean", "chosen_reward", "dpo_loss"} <= set(values)
+
+
+def rollouts(trainer: Trainer, tasks, expert: int = 0) -> Batch:
+    """Four rollouts of each task, scored by exact match, plus `expert` SFT samples."""
+    records: list = []
+    for gid, task in enumerate(tasks):
+        prompt = trainer.engine.encode(task.prompt)
+        for j, out in enumerate(trainer.engine.generate([prompt], n=4, max_new_tokens=3,
+                                                        temperature=1.0, seed=gid)[0]):
+            tokens = list(prompt) + list(out.tokens)
+            records.append(Experience(tokens, len(prompt), reward=float(j % 2), group_id=gid,
+                                      logprobs=None))
+    records += task_records(tasks[:expert], trainer.tokenizer, "sft")
+    return Batch(records=records, weights=[1.0] * len(records), uses=[0] * len(records))
+
+
+def test_ppo_trains_a_critic_and_checkpoints_it(tmp_path, tiny_model):
+    config = load_config(config_file(tmp_path, tiny_model, algorithm={
+        "algorithm_type": "ppo", "critic_lr": 1e-2, "entropy_loss_fn": "default",
+        "kl_penalty_fn": "k1"}))
+    trainer = Trainer(config)
+    train, _ = build_tasks(config.tasks, 0)
+    batch = rollouts(trainer, train[:4])
+    first = trainer.step(batch)
+    assert {"value_loss", "vpred_mean", "entropy", "kl_penalty", "critic_grad_norm"} <= set(first)
+    later = [trainer.step(batch)["value_loss"] for _ in range(5)]
+    assert later[-1] < first["value_loss"]
+    save_trainer_state(tmp_path / "ckpt", 6, model=trainer.model, optimizer=trainer.optimizer,
+                       cursor={}, extra={}, config_hash="h", modules=trainer.checkpoint_modules())
+    again = Trainer(config)
+    load_trainer_state(tmp_path / "ckpt", again.model, again.optimizer,
+                       modules=again.checkpoint_modules())
+    assert all(torch.equal(a, b) for a, b in zip(trainer.critic.state_dict().values(),
+                                                 again.critic.state_dict().values(),
+                                                 strict=True))
+    assert again.critic_optimizer.state_dict()["state"]
+
+
+def test_mix_trains_rollouts_and_expert_rows_in_one_batch(tmp_path, tiny_model):
+    config = load_config(config_file(tmp_path, tiny_model, algorithm={
+        "algorithm_type": "mix", "policy_loss_fn_args": {"mu": 0.5}}))
+    trainer = Trainer(config)
+    train, _ = build_tasks(config.tasks, 0)
+    values = trainer.step(rollouts(trainer, train[:4], expert=3))
+    assert {"usual/pg_loss", "expert/sft_loss", "reward_mean"} <= set(values)
+    assert values["loss"] == pytest.approx(0.5 * values["usual/pg_loss"]
+                                           + 0.5 * values["expert/sft_loss"], abs=1e-6)
