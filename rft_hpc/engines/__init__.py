@@ -1,1 +1,22 @@
 """Inference engines the explorers sample rollouts from."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from rft_hpc.config.schema import ExperimentConfig
+    from rft_hpc.engines.hf import HFEngine
+    from rft_hpc.engines.vllm import VLLMEngine
+
+
+def build_engine(config: ExperimentConfig) -> HFEngine | VLLMEngine:
+    """The engine `explorer.engine` names, on the config's model (vLLM imported only then)."""
+    if config.explorer.engine == "vllm":
+        from rft_hpc.engines.vllm import VLLMEngine
+
+        return VLLMEngine(config.model.path, dtype=config.model.dtype,
+                          settings=config.explorer.vllm, seed=config.run.seed)
+    from rft_hpc.engines.hf import HFEngine
+
+    return HFEngine(config.model.path, dtype=config.model.dtype)

@@ -15,6 +15,7 @@ import numpy as np
 
 from rft_hpc.buffer.writer import SegmentWriter
 from rft_hpc.config import ExperimentConfig
+from rft_hpc.engines import build_engine
 from rft_hpc.engines.hf import HFEngine
 from rft_hpc.explorer.workflow import SamplingSettings, explore_tasks
 from rft_hpc.ledger import LedgerWriter
@@ -109,7 +110,7 @@ def run_explorer(stage_dir: Path, index: int) -> int:
     writer = SegmentWriter(run.buffer, role, "rl", durable=config.buffer.fsync,
                            steps_per_segment=config.buffer.steps_per_segment,
                            background_commit=True)
-    engine = HFEngine(config.model.path, dtype=config.model.dtype)
+    engine = build_engine(config)
     load_start_weights(engine, config)
     clock = JobClock(config.launch.slurm.walltime_margin)
     follower = WeightFollower(run, engine, stop, clock)

