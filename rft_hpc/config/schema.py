@@ -226,6 +226,19 @@ class SyncConfig(_Section):
     timeout: float = Field(600.0, gt=0.0)
     """Seconds a sync may take before the role falls back to `checkpoint` (`sync_timeout`)."""
 
+    bucket_mb: float = Field(64.0, gt=0.0)
+    """With nccl/mpi: size of the buffers the weights travel in (tensors of one dtype are
+    packed together; a large tensor goes in pieces of this size)."""
+
+    checksum: bool = False
+    """With nccl/mpi: receivers verify a CRC32 of every version (one more pass over the
+    weights on each side)."""
+
+    idle_publish: float = Field(5.0, ge=0.0)
+    """With nccl/mpi: seconds the trainer waits for data before it also writes its current
+    weights as files, so that an explorer that (re)started after the last broadcast can go
+    on."""
+
 
 class EvalConfig(_Section):
     """Held-out evaluation: greedy exact-match accuracy on the task source's eval split."""

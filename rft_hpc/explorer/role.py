@@ -22,8 +22,8 @@ from rft_hpc.ledger import LedgerWriter
 from rft_hpc.monitor.metrics import MetricsWriter
 from rft_hpc.roles.common import StopFlag, load_stage, set_threads, write_heartbeat
 from rft_hpc.roles.lifecycle import JobClock
-from rft_hpc.rundir import RunDir, read_json
-from rft_hpc.sync.checkpoint import WeightsGone, latest_weights_version, load_weights
+from rft_hpc.sync.checkpoint import load_weights
+from rft_hpc.sync.follower import WeightFollower, build_receiver
 from rft_hpc.tasks.source import build_tasks
 from rft_hpc.tasks.stream import TaskStream
 
@@ -53,46 +53,6 @@ def load_start_weights(engine: HFEngine, config: ExperimentConfig) -> None:
         engine.load_weights(load_weights(folder.parent, int(folder.name[1:])), 0)
 
 
-class WeightFollower:
-    """Keeps an engine on the newest published weights (checkpoint sync method)."""
-
-    def __init__(self, run: RunDir, engine: HFEngine, stop: StopFlag,
-                 clock: JobClock | None = None) -> None:
-        self.run, self.engine, self.stop, self.clock = run, engine, stop, clock
-        self.waited = 0.0
-
-    def refresh(self) -> int:
-        """Load the published version if it differs from the engine's (it is older only
-        after the trainer resumed from an earlier checkpoint: its weights are the truth)."""
-        while True:
-            latest = latest_weights_version(self.run.weights)
-            if latest is None or latest == self.engine.version:
-                return self.engine.version
-            try:
-                self.engine.load_weights(load_weights(self.run.weights, latest), latest)
-                return latest
-            except WeightsGone:
-                continue  # pruned while we read it: a newer one exists
-
-    def wait_for(self, version: int, poll: float = 0.02) -> bool:
-        """Block until the engine holds weights >= `version`; False if stopped or the
-        trainer finished without publishing it."""
-        start = time.monotonic()
-        try:
-            while self.refresh() < version:
-                if self.clock is not None and not self.clock.next_step_fits():
-                    self.stop.out_of_time()
-                if self._trainer_done() or self.stop.sleep(poll):
-                    return False
-            return True
-        finally:
-            self.waited += time.monotonic() - start
-
-    def _trainer_done(self) -> bool:
-        path = self.run.state / "trainer.json"
-        return path.exists() and read_json(path).get("status") == "done"
-
-
 def run_explorer(stage_dir: Path, index: int) -> int:
     """Run explorer `index` of a stage until its last step; returns the next step to do.
 
@@ -113,7 +73,7 @@ def run_explorer(stage_dir: Path, index: int) -> int:
     engine = build_engine(config)
     load_start_weights(engine, config)
     clock = JobClock(config.launch.slurm.walltime_margin)
-    follower = WeightFollower(run, engine, stop, clock)
+    follower = WeightFollower(run, engine, stop, clock, build_receiver(config, run, index))
     settings = SamplingSettings(cfg.repeat, cfg.max_new_tokens, cfg.temperature)
     metrics = MetricsWriter(run.metrics, role)
     total = cfg.total_steps(config.trainer)
@@ -138,7 +98,7 @@ def run_explorer(stage_dir: Path, index: int) -> int:
             writer.write_step(step, experiences)
             seconds = time.monotonic() - t0
             values.update(version=engine.version, seconds=seconds,
-                          wait_seconds=follower.waited)
+                          wait_seconds=follower.waited, sync_fallbacks=follower.fallbacks)
             follower.waited = 0.0
             metrics.log(step, values)
             ledger.append("step", step=step, records=len(experiences), version=engine.version,
@@ -154,6 +114,7 @@ def run_explorer(stage_dir: Path, index: int) -> int:
     finally:
         metrics.close()
         ledger.close()
+        follower.close()
     beat("done" if step >= total else "stopped")
     if step < total:
         stop.check_requeue()

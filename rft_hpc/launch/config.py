@@ -220,6 +220,10 @@ class SlurmConfig(_Section):
     save times: when the next step would cut into them, it saves and requeues on its own,
     without waiting for the signal."""
 
+    mpi: str = "pmi2"
+    """srun's `--mpi` plugin for the trainer and explorer jobs of a stage with
+    `sync.method: mpi` (`pmi2` for MPICH, `pmix` for Open MPI; see `srun --mpi=list`)."""
+
     max_restarts: int = Field(3, ge=0)
     """How often a job whose role process died (killed, crashed node process) requeues
     itself; a role that saved and asked to be requeued (signal, time limit) always is."""

@@ -117,7 +117,7 @@ def render_script(ctx: JobContext, settings: SlurmRoleConfig, *, key: str, title
                   job_name: str, log: Path, command: list[str], threads: int,
                   state: Path | None = None,
                   env: dict[str, str] | None = None, array: str | None = None,
-                  record: str | None = None) -> str:
+                  record: str | None = None, srun_options: tuple[str, ...] = ()) -> str:
     """The sbatch script of one job (its settings at config key `key`): options, umask,
     setup, environment, then srun of `command` (in the container, if any).
 
@@ -140,6 +140,7 @@ def render_script(ctx: JobContext, settings: SlurmRoleConfig, *, key: str, title
     preamble += [f"export {k}={shlex.quote(v)}" for k, v in exports.items()]
     preamble += [f'export {k}="{v}"' for k, v in (env or {}).items()]
     srun = ["--kill-on-bad-exit=1"] if settings.tasks() > 1 else []
+    srun += srun_options
     if settings.cpus_per_task:
         srun.append(f"--cpus-per-task={settings.cpus_per_task}")
     epilogue = ""
@@ -170,11 +171,13 @@ fi
 
 
 def role_job(ctx: JobContext, role: str, stage_run: RunDir, stage: str, *, threads: int,
-             count: int = 1, after: tuple[str, ...] = ()) -> Job:
+             count: int = 1, after: tuple[str, ...] = (), mpi: bool = False) -> Job:
     """The explorer array, the evaluator array (`count` tasks each) or the trainer job of
     one stage."""
     slurm = ctx.launch.slurm
     settings: SlurmRoleConfig = getattr(slurm, role)
+    # sync.method mpi: each role an MPI program that joins the others by connect/accept
+    srun_options = (f"--mpi={slurm.mpi}",) if mpi else ()
     name, key = f"{stage}.{role}", f"launch.slurm.{role}"
     if role in _ARRAY_TITLES:
         par = f"%{settings.array_parallelism}" if settings.array_parallelism else ""
@@ -184,7 +187,7 @@ def role_job(ctx: JobContext, role: str, stage_run: RunDir, stage: str, *, threa
             command=role_command(role, stage_run.root, ARRAY_INDEX,
                                  python=ctx.python(settings)),
             threads=threads, state=stage_run.state, array=f"0-{count - 1}{par}",
-            record=f"slurm-{role}-$SLURM_ARRAY_TASK_ID")
+            record=f"slurm-{role}-$SLURM_ARRAY_TASK_ID", srun_options=srun_options)
         logs = tuple(stage_run.jobs / f"{role}-{i}.log" for i in range(count))
         return Job(name, role, key, script, after, count, stage, logs)
     # Ranks meet through a file store on the run directory (no MASTER_ADDR to resolve).
@@ -194,7 +197,8 @@ def role_job(ctx: JobContext, role: str, stage_run: RunDir, stage: str, *, threa
         title=f"trainer of stage {stage}, {_count(settings.tasks(), 'rank')}",
         job_name=name, log=stage_run.jobs / "trainer.log",
         command=role_command("trainer", stage_run.root, python=ctx.python(settings)),
-        threads=threads, state=stage_run.state, env=dist, record="slurm-trainer")
+        threads=threads, state=stage_run.state, env=dist, record="slurm-trainer",
+        srun_options=srun_options)
     return Job(name, role, key, script, after, None, stage,
                (stage_run.jobs / "trainer.log",))
 

@@ -164,12 +164,13 @@ def _plan(config: ExperimentConfig, run: RunDir, first: int, *, source: str,
                                    after=after, stage=name))
             after = (jobs[-1].name,)
         roles = []
+        mpi = stage.sync.method == "mpi" and stage.mode == "both"
         if stage.mode in ("both", "explore"):
             roles.append(role_job(ctx, "explorer", stage_run, name, count=stage.explorer.count,
-                                  threads=stage.explorer.threads, after=after))
+                                  threads=stage.explorer.threads, after=after, mpi=mpi))
         if stage.mode in ("both", "train"):
             roles.append(role_job(ctx, "trainer", stage_run, name,
-                                  threads=stage.trainer.threads, after=after))
+                                  threads=stage.trainer.threads, after=after, mpi=mpi))
         jobs += roles
         after = tuple(job.name for job in roles)
         if stage.eval.evaluator and stage.mode in ("both", "train"):

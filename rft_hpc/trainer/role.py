@@ -28,7 +28,7 @@ from rft_hpc.monitor.metrics import MetricsWriter
 from rft_hpc.roles.common import StopFlag, load_stage, set_threads, write_heartbeat
 from rft_hpc.roles.lifecycle import JobClock
 from rft_hpc.rundir import RunDir, read_json
-from rft_hpc.sync.checkpoint import latest_weights_version, publish_weights
+from rft_hpc.sync.publisher import WeightPublisher
 from rft_hpc.tasks.source import build_tasks
 from rft_hpc.trainer.checkpoint import TrainerState, load_trainer_state, save_trainer_state
 from rft_hpc.trainer.distributed import (
@@ -153,10 +153,16 @@ def _lead(trainer: Trainer, run: RunDir, stop: StopFlag, saved: TrainerState | N
     followers = _Followers(trainer.dist)
     clock = JobClock(config.launch.slurm.walltime_margin)
 
+    waiting_since: list[float] = []  # when the current wait for data began
+
     def idle() -> None:
         followers.keepalive()
         if not clock.next_step_fits():
             stop.out_of_time()
+        if not waiting_since:
+            waiting_since.append(time.monotonic())
+        elif time.monotonic() - waiting_since[0] >= config.sync.idle_publish and step:
+            publisher.write_files(trainer.model.state_dict(), step)
 
     step = saved.step if saved else 0
     reader = BufferReader(run.buffer, config.buffer, state=saved.cursor if saved else None,
@@ -175,9 +181,7 @@ def _lead(trainer: Trainer, run: RunDir, stop: StopFlag, saved: TrainerState | N
     # versions an evaluator scores later are published even in mode train, and never pruned
     scored = set(config.eval.scored_versions(tcfg.steps)) if config.eval.evaluator else set()
 
-    def publish() -> int:
-        publish_weights(run.weights, trainer.model.state_dict(), step, keep_also=scored)
-        return step
+    publisher = WeightPublisher(config, run, keep_also=scored, device=trainer.device)
 
     def save() -> None:
         t0 = time.monotonic()
@@ -202,13 +206,18 @@ def _lead(trainer: Trainer, run: RunDir, stop: StopFlag, saved: TrainerState | N
                 exhausted = not stop
                 break
             t1 = time.monotonic()
+            waiting_since.clear()
             followers.send("batch")
             values = trainer.step(batch)
             step += 1
             cursor = reader.state_dict()
             published = None
-            if (config.mode == "both" and step % config.sync.interval == 0) or step in scored:
-                published = publish()
+            if config.mode == "both" and step % config.sync.interval == 0:
+                values.update(publisher.publish(trainer.model.state_dict(), step))
+                published = step
+            if step in scored:
+                publisher.write_files(trainer.model.state_dict(), step)
+                published = step
             if config.eval.interval and step % config.eval.interval == 0 and eval_tasks:
                 values["eval_accuracy"] = trainer.accuracy(eval_tasks)
                 last_eval = step
@@ -230,14 +239,14 @@ def _lead(trainer: Trainer, run: RunDir, stop: StopFlag, saved: TrainerState | N
             save()
         done = step >= tcfg.steps or exhausted
         if done:
-            if latest_weights_version(run.weights) != step:
-                publish()
+            publisher.write_files(trainer.model.state_dict(), step)
             if eval_tasks and last_eval != step:
                 metrics.log(step, {"eval_accuracy": trainer.accuracy(eval_tasks)})
         ledger.append("stop", step=step, reason="done" if done else stop.reason)
     finally:
         metrics.close()
         ledger.close()
+        publisher.close()
     beat("done" if done else "stopped", final_version=step if done else None)
     if not done:
         stop.check_requeue()

@@ -1,0 +1,95 @@
+"""The explorer's side of weight sync: keep the engine on the trainer's newest weights.
+
+With `checkpoint`, the newest version on the filesystem. With `nccl` or `mpi`, versions
+arrive over the fabric on a background thread and are swapped in at a step boundary; files
+fill in what the fabric missed (a failed sync's fallback, or the weights published while
+this explorer was not yet listening).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from rft_hpc.config import ExperimentConfig
+from rft_hpc.roles.common import StopFlag
+from rft_hpc.roles.lifecycle import JobClock
+from rft_hpc.rundir import RunDir, read_json
+from rft_hpc.sync.checkpoint import WeightsGone, latest_weights_version, load_weights
+from rft_hpc.sync.publisher import fabric_backend, sync_folder
+
+
+def build_receiver(config: ExperimentConfig, run: RunDir, index: int) -> Any:
+    """A background receiver for explorer `index` (None with the checkpoint method)."""
+    sync = config.sync
+    if sync.method == "checkpoint":
+        return None
+    from rft_hpc.sync.fabric import BackgroundReceiver
+
+    folder = sync_folder(run, sync.method)
+    if sync.method == "nccl":
+        from rft_hpc.sync.collective import CollectiveReceiver
+
+        return BackgroundReceiver(CollectiveReceiver(folder, index, backend=fabric_backend(),
+                                                     timeout=sync.timeout))
+    from rft_hpc.sync.mpi import MpiPortReceiver
+
+    return BackgroundReceiver(MpiPortReceiver(folder, index, timeout=sync.timeout))
+
+
+class WeightFollower:
+    """Keeps an engine on the newest weights the trainer published."""
+
+    def __init__(self, run: RunDir, engine: Any, stop: StopFlag, clock: JobClock | None = None,
+                 receiver: Any = None) -> None:
+        self.run, self.engine, self.stop, self.clock = run, engine, stop, clock
+        self.receiver = receiver
+        self.waited = 0.0
+        self.fallbacks = 0
+
+    def refresh(self) -> int:
+        """Swap in the newest version: one that came over the fabric, else files.
+
+        With files alone a version that differs from the engine's is loaded (it is older only
+        after the trainer resumed from an earlier checkpoint: its weights are the truth);
+        next to a fabric, files are loaded only when newer than what the engine holds.
+        """
+        if self.receiver is not None:
+            got = self.receiver.take()
+            if got is not None:
+                self.engine.load_weights(got[1], got[0])
+            self.fallbacks += len(self.receiver.failures)
+            self.receiver.failures.clear()
+        while True:
+            latest = latest_weights_version(self.run.weights)
+            if latest is None or latest == self.engine.version or (
+                    self.receiver is not None and latest < self.engine.version):
+                return self.engine.version
+            try:
+                self.engine.load_weights(load_weights(self.run.weights, latest), latest)
+                return latest
+            except WeightsGone:
+                continue  # pruned while we read it: a newer one exists
+
+    def wait_for(self, version: int, poll: float = 0.02) -> bool:
+        """Block until the engine holds weights >= `version`; False if stopped or the
+        trainer finished without publishing it."""
+        start = time.monotonic()
+        try:
+            while self.refresh() < version:
+                if self.clock is not None and not self.clock.next_step_fits():
+                    self.stop.out_of_time()
+                if self._trainer_done() or self.stop.sleep(poll):
+                    return False
+            return True
+        finally:
+            self.waited += time.monotonic() - start
+
+    def _trainer_done(self) -> bool:
+        path = self.run.state / "trainer.json"
+        return path.exists() and read_json(path).get("status") == "done"
+
+    def close(self) -> None:
+        """Stop receiving."""
+        if self.receiver is not None:
+            self.receiver.close()

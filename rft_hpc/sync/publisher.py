@@ -1,0 +1,110 @@
+"""The trainer's side of weight sync: every new version goes out by `sync.method`.
+
+`checkpoint` writes versioned files (sync/checkpoint.py). `nccl` (gloo on CPUs) and `mpi`
+broadcast the weights to the explorers over the fabric (sync/collective.py, sync/mpi.py);
+when such a sync fails or outlasts `sync.timeout`, that version is written as files instead
+and counted (`sync_fallbacks`), so no role ever hangs on a dead peer. Files are also written
+at the end, once an explorer has finished (it no longer listens), and whenever the trainer
+has waited `sync.idle_publish` seconds for data: an explorer that (re)started after the last
+broadcast then finds the current weights on the filesystem.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Collection, Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from rft_hpc.config import ExperimentConfig
+from rft_hpc.rundir import RunDir, read_json
+from rft_hpc.sync.checkpoint import latest_weights_version, publish_weights
+from rft_hpc.sync.fabric import SyncFailed
+
+log = logging.getLogger(__name__)
+
+
+def sync_folder(run: RunDir, method: str) -> Path:
+    """Where the trainer and the explorers of a stage meet for the `method` sync."""
+    return run.state / "sync" / method
+
+
+def fabric_backend() -> str:
+    """`nccl` where CUDA is there, else `gloo`: the same code on GPUs and CPUs."""
+    return "nccl" if torch.cuda.is_available() else "gloo"
+
+
+class WeightPublisher:
+    """Publishes the trainer's versions by the configured method, with files as fallback."""
+
+    def __init__(self, config: ExperimentConfig, run: RunDir, *,
+                 keep_also: Collection[int] = (), device: torch.device | None = None) -> None:
+        self.config, self.run, self.keep_also = config, run, keep_also
+        self.method = config.sync.method
+        self.device = device
+        self.fallbacks = 0
+        self.files_version = latest_weights_version(run.weights)
+        self._sender: Any = None
+
+    def publish(self, state_dict: Mapping[str, torch.Tensor], version: int) -> dict[str, float]:
+        """Send `version` to the explorers; returns the sync's metrics."""
+        t0 = time.monotonic()
+        if self.method == "checkpoint" or self._an_explorer_finished() or not self._send(
+                state_dict, version):
+            self.write_files(state_dict, version)
+        return {"sync_seconds": time.monotonic() - t0, "sync_fallbacks": float(self.fallbacks)}
+
+    def write_files(self, state_dict: Mapping[str, torch.Tensor], version: int) -> None:
+        """Make `version` the newest weights on the filesystem (once)."""
+        if self.files_version != version:
+            publish_weights(self.run.weights, state_dict, version, keep_also=self.keep_also)
+            self.files_version = version
+
+    def _send(self, state_dict: Mapping[str, torch.Tensor], version: int) -> bool:
+        try:
+            self._sender_for().send(state_dict, version)
+            return True
+        except SyncFailed as exc:
+            self.fallbacks += 1
+            log.warning("%s sync of v%d failed (%s): written as files instead", self.method,
+                        version, exc)
+            return False
+
+    def _sender_for(self) -> Any:
+        if self._sender is not None:
+            return self._sender
+        sync, count = self.config.sync, self.config.explorer.count
+        folder = sync_folder(self.run, self.method)
+        if self.method == "nccl":
+            from rft_hpc.sync.collective import CollectiveSender
+
+            self._sender = CollectiveSender(folder, count, backend=fabric_backend(),
+                                            device=self.device, timeout=sync.timeout,
+                                            join_timeout=sync.timeout,
+                                            bucket_mb=sync.bucket_mb, checksum=sync.checksum)
+        else:
+            from rft_hpc.sync.mpi import MpiPortSender
+
+            self._sender = MpiPortSender(folder, timeout=sync.timeout,
+                                         bucket_mb=sync.bucket_mb, checksum=sync.checksum)
+            self._sender.wait_for_receivers(count, sync.timeout)
+        return self._sender
+
+    def _an_explorer_finished(self) -> bool:
+        """An explorer that finished no longer listens: waiting for it would stall a sync."""
+        for i in range(self.config.explorer.count):
+            path = self.run.state / f"explorer-{i}.json"
+            try:
+                if read_json(path).get("status") == "done":
+                    return True
+            except (OSError, ValueError):
+                continue
+        return False
+
+    def close(self) -> None:
+        """Tell the explorers no more versions come by the fabric."""
+        if self._sender is not None:
+            self._sender.close()
