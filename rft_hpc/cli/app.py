@@ -44,7 +44,14 @@ def _root(
 
 def _register_commands() -> None:
     # Imported here so that each command module can import `app` helpers without cycles.
-    from rft_hpc.cli import audit_cmd, buffer_cmd, run_cmd, slurm_cmd, validate_cmd
+    from rft_hpc.cli import (
+        audit_cmd,
+        buffer_cmd,
+        eval_cmd,
+        run_cmd,
+        slurm_cmd,
+        validate_cmd,
+    )
 
     app.command("run")(run_cmd.run)
     for command in (slurm_cmd.submit, slurm_cmd.render, slurm_cmd.status, slurm_cmd.cancel,
@@ -52,6 +59,9 @@ def _register_commands() -> None:
         app.command(command.__name__)(command)
     app.command("validate")(validate_cmd.validate)
     app.command("audit")(audit_cmd.audit)
+    app.command("eval")(eval_cmd.eval_)
+    run_cmd.role_app.command("bench")(eval_cmd.role_bench)
+    run_cmd.role_app.command("bench-collect")(eval_cmd.role_bench_collect)
     app.add_typer(buffer_cmd.app, name="buffer")
     app.add_typer(run_cmd.model_app, name="model")
     app.add_typer(run_cmd.role_app, name="role", hidden=True)
