@@ -22,7 +22,7 @@ from rft_hpc.sync.checkpoint import publish_weights
 from rft_hpc.trainer.checkpoint import save_trainer_state
 
 ROOT = Path(__file__).resolve().parents[1]
-CHECKPOINTS = ["base", "sft-v000003", "sft-v000006", "grpo-v000002", "grpo-step-000004"]
+CHECKPOINTS = ["base", "sft-v000006", "grpo-v000002", "grpo-step-000004"]
 
 
 def rft(*args: object, env: dict[str, str] | None = None,
@@ -62,8 +62,7 @@ def run_dir(tmp_path: Path, tiny_model: Path) -> Path:
     def perturbed(scale: float) -> dict[str, torch.Tensor]:
         return {k: t + scale * torch.randn(t.shape, generator=gen) for k, t in base.items()}
 
-    for version in (3, 6):
-        publish_weights(run.root / "stages/0-sft/weights", perturbed(0.01 * version), version)
+    publish_weights(run.root / "stages/0-sft/weights", perturbed(0.05), 6)
     publish_weights(run.root / "stages/1-grpo/weights", perturbed(0.02), 2)
     model.load_state_dict(perturbed(0.04))
     save_trainer_state(run.root / "stages/1-grpo/ckpt", 4, model=model,
@@ -130,8 +129,6 @@ def test_bench_runs_locally_and_skips_results_that_exist(run_dir: Path,
     results = json.loads((bench / "results.json").read_text())
     assert [r.get("kept") for r in results["results"]].count(True) == 1
     assert (bench / "grpo-v000002__eval.json").exists()
-    assert len((bench / "logs/bench-0.log").read_text().splitlines()) == 1  # base: once
-    assert len((bench / "logs/bench-3.log").read_text().splitlines()) == 2
 
 
 def test_bad_task_specs_are_refused(run_dir: Path) -> None:
@@ -139,3 +136,45 @@ def test_bad_task_specs_are_refused(run_dir: Path) -> None:
     assert result.returncode == 2 and "unknown key(s) digit" in result.stderr
     result = rft("eval", run_dir, "--tasks", "nothing.txt", "--local")
     assert result.returncode == 2 and "not `eval`" in result.stderr
+
+
+def _bench_stage_config(tmp_path: Path, model: Path) -> Path:
+    """A two-stage run: a short SFT stage publishing weights, then a stage in mode bench."""
+    path = tmp_path / "bench.yaml"
+    path.write_text(f"""
+run: {{name: benchrun, root: {tmp_path / "runs"}, seed: 0}}
+model: {{path: {model}}}
+tasks: {{type: arithmetic, digits: 1, eval_size: 4}}
+explorer: {{repeat: 2}}
+trainer: {{algorithm: sft, lr: 3.0e-4, batch_size: 16, steps: 2, save_interval: 1}}
+sync: {{interval: 1}}
+eval: {{max_new_tokens: 3}}
+stages:
+  - {{name: sft, mode: train, data: {{source: tasks}}}}
+  - {{name: bench, mode: bench}}
+""")
+    return path
+
+
+def test_a_stage_in_mode_bench_scores_the_checkpoints_before_it(tmp_path: Path,
+                                                                tiny_model: Path) -> None:
+    result = rft("run", _bench_stage_config(tmp_path, tiny_model), timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    run = tmp_path / "runs/benchrun"
+    results = json.loads((run / "stages/1-bench/bench/results.json").read_text())
+    # v1 was pruned after v2 was published: its trainer checkpoint stands in
+    assert results["checkpoints"] == ["base", "sft-step-000001", "sft-v000002"]
+    assert results["tasksets"] == ["eval"] and results["k"] == results["n"] == 2
+    assert [r["tasks"] for r in results["results"]] == [4, 4, 4]
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["stages"][1]["mode"] == "bench"
+    assert summary["stages"][1]["bench"] == str(run / "stages/1-bench/bench/results.json")
+
+
+def test_a_bench_stage_is_one_job_after_the_stage_before(tmp_path: Path,
+                                                         tiny_model: Path) -> None:
+    result = rft("submit", _bench_stage_config(tmp_path, tiny_model), "--dry-run")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "# ---- bench.bench.sbatch (after bench.prepare)" in result.stdout
+    assert "role bench-stage" in result.stdout
+    assert "# ---- finalize.sbatch (after bench.bench)" in result.stdout

@@ -62,6 +62,7 @@ def _register_commands() -> None:
     app.command("eval")(eval_cmd.eval_)
     run_cmd.role_app.command("bench")(eval_cmd.role_bench)
     run_cmd.role_app.command("bench-collect")(eval_cmd.role_bench_collect)
+    run_cmd.role_app.command("bench-stage")(eval_cmd.role_bench_stage)
     app.add_typer(buffer_cmd.app, name="buffer")
     app.add_typer(run_cmd.model_app, name="model")
     app.add_typer(run_cmd.role_app, name="role", hidden=True)

@@ -29,10 +29,11 @@ def eval_(
 ) -> None:
     """Score the base model and every checkpoint on task sets: greedy accuracy, mean@k,
     pass@k (a Slurm array with one task per checkpoint x task set, or local processes)."""
-    from rft_hpc.eval.bench import plan_bench, task_count
+    from rft_hpc.eval.bench import bench_config, plan_bench, task_count
     from rft_hpc.eval.bench_launch import run_bench_local, submit_bench
 
-    plan = plan_bench(target, tasks, out or target, k=k, n=n, overrides=set_)
+    plan = plan_bench(target, tasks, out or target, k=k, n=n,
+                      config=bench_config(target, set_), overrides=set_)
     folder = (out or target).resolve() / "bench"
     console.print(f"bench: {len(plan['checkpoints'])} checkpoint(s) x "
                   f"{len(plan['tasksets'])} task set(s) = {task_count(plan)} task(s)")
@@ -41,7 +42,7 @@ def eval_(
         console.print(bench_table(results))
         console.print(f"results: {folder / 'results.json'}")
         return
-    ids = submit_bench(folder, set_)
+    ids = submit_bench(folder)
     console.print(f"submitted: array {', '.join(ids['bench'])}, collect "
                   f"{', '.join(ids['bench-collect'])}; results: {folder / 'results.json'} "
                   f"(table in {folder / 'jobs' / 'bench-collect.log'})")
@@ -64,15 +65,17 @@ def bench_table(results: dict[str, Any]) -> Table:
 
 def role_bench(
     folder: Path = typer.Argument(..., help="Bench folder (with plan.json)."),
-    index: int = typer.Option(0, "--index", help="Pair index (Slurm array task id)."),
+    index: str = typer.Option("0", "--index", help="Pair index (Slurm array task id), or "
+                              "several, comma-separated."),
 ) -> None:
     """Score checkpoint x task set INDEX of a bench plan."""
     from rft_hpc.eval.bench import run_bench_task
 
-    r = run_bench_task(folder, index)
-    key = f"pass@{r['k']}"
-    console.print(f"{r['checkpoint']} on {r['taskset']}: greedy {r['greedy_accuracy']:.3f}, "
-                  f"{key} {r[key]:.3f}")
+    for i in index.split(","):
+        r = run_bench_task(folder, int(i))
+        key = f"pass@{r['k']}"
+        console.print(f"{r['checkpoint']} on {r['taskset']}: greedy "
+                      f"{r['greedy_accuracy']:.3f}, {key} {r[key]:.3f}")
 
 
 def role_bench_collect(
@@ -82,3 +85,12 @@ def role_bench_collect(
     from rft_hpc.eval.bench import collect_bench
 
     console.print(bench_table(collect_bench(folder)))
+
+
+def role_bench_stage(
+    stage: Path = typer.Argument(..., help="Stage directory (mode bench)."),
+) -> None:
+    """Run a stage in mode bench: score every checkpoint of the stages before it."""
+    from rft_hpc.eval.bench import run_bench_stage
+
+    console.print(bench_table(run_bench_stage(stage.resolve())))

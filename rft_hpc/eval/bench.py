@@ -85,11 +85,11 @@ def _stage_checkpoints(run: RunDir, stage: str, model: str) -> list[Checkpoint]:
                 if (m := _VERSION.fullmatch(p.name)) and (p / "manifest.json").exists()}
     steps = {int(m.group(1)): p for p in (run.ckpt / "trainer").glob("step-*")
              if (m := _STEP.fullmatch(p.name)) and (p / "model.safetensors").exists()}
-    out = [Checkpoint(f"{stage}-{p.name}", "weights", str(p), model)
-           for _, p in sorted(versions.items())]
-    out += [Checkpoint(f"{stage}-{p.name}", "trainer", str(p), model)
-            for s, p in sorted(steps.items()) if s not in versions]
-    return out
+    found = {v: Checkpoint(f"{stage}-{p.name}", "weights", str(p), model)
+             for v, p in versions.items()}
+    for step, p in steps.items():
+        found.setdefault(step, Checkpoint(f"{stage}-{p.name}", "trainer", str(p), model))
+    return [found[v] for v in sorted(found)]
 
 
 def parse_taskset(spec: str, config: ExperimentConfig) -> dict[str, Any]:
@@ -141,18 +141,20 @@ def _safe(text: str) -> str:
 def bench_config(target: Path, overrides: list[str]) -> ExperimentConfig:
     """The settings of a bench: the run's config (a run directory) or the defaults, with
     the `--set` overrides."""
+    target = target.resolve()
     source = target / "config.yaml" if (target / "config.yaml").is_file() else Path(
         "/dev/null")
     return load_config(source, overrides)
 
 
 def plan_bench(target: Path, specs: list[str], out: Path, *, k: int, n: int | None,
-               overrides: list[str]) -> dict[str, Any]:
-    """Find the checkpoints and task sets, write `<out>/bench/plan.json`, return the plan."""
+               config: ExperimentConfig, overrides: list[str] = ()) -> dict[str, Any]:
+    """Find the checkpoints and task sets, write `<out>/bench/plan.json`, return the plan
+    (sampling and generation settings from `config`; `overrides`, its `--set`s, are kept
+    for the Slurm jobs)."""
     target = target.resolve()
     if not target.is_dir():
         raise UserError(f"{target} is not a folder")
-    config = bench_config(target, overrides)
     checkpoints = find_checkpoints(target, config)
     if not checkpoints:
         raise UserError(f"{target} holds no checkpoints (weights/v<N>, ckpt/trainer/step-<N>"
@@ -168,7 +170,8 @@ def plan_bench(target: Path, specs: list[str], out: Path, *, k: int, n: int | No
             "k": k, "n": samples, "temperature": config.explorer.temperature or 1.0,
             "max_new_tokens": config.eval.max_new_tokens,
             "batch_size": config.eval.batch_size, "seed": config.run.seed,
-            "dtype": config.model.dtype, "threads": config.trainer.threads}
+            "dtype": config.model.dtype, "threads": config.trainer.threads,
+            "overrides": overrides}
     folder = out.resolve() / "bench"
     folder.mkdir(parents=True, exist_ok=True)
     atomic_write_json(folder / PLAN_FILE, plan)
@@ -230,6 +233,21 @@ def load_checkpoint(checkpoint: Checkpoint, dtype: str) -> Any:
     elif checkpoint.kind == "trainer":
         engine.load_weights(load_safetensors(path / "model.safetensors")[0], 0)
     return engine
+
+
+def run_bench_stage(stage: Path) -> dict[str, Any]:
+    """A stage in mode bench: score the base model and every checkpoint of the run's stages
+    before it on the stage's eval split, k = n = `explorer.repeat`, into `<stage>/bench`."""
+    from rft_hpc.eval.bench_launch import run_bench_local
+
+    config = load_config(stage / "config.yaml")
+    folder = stage / "bench"
+    if not (folder / PLAN_FILE).exists():  # a restarted stage keeps its plan and results
+        config = config.model_copy(update={"model": config.model.model_copy(
+            update={"start_weights": None})})
+        plan_bench(stage.parents[1], ["eval"], stage, k=config.explorer.repeat, n=None,
+                   config=config)
+    return run_bench_local(folder)
 
 
 def collect_bench(folder: Path) -> dict[str, Any]:

@@ -15,42 +15,42 @@ from rft_hpc.rundir import RunDir, read_json
 
 
 def run_bench_local(folder: Path, *, parallel: int | None = None) -> dict[str, Any]:
-    """Run the plan's unfinished bench tasks as local processes (`parallel` at a time),
-    then collect; a failed task raises a `UserError` with the end of its log."""
+    """Run the plan's unfinished bench tasks in `parallel` local processes (each takes every
+    `parallel`-th task: one interpreter start per process, not per task), then collect; a
+    failed process raises a `UserError` with the end of its log."""
     from rft_hpc.run.local import role_command, role_env
 
     plan = read_json(folder / PLAN_FILE)
     todo = [i for i in range(task_count(plan)) if not result_file(folder, plan, i).exists()]
-    width = parallel or max(1, (os.cpu_count() or 1) // plan["threads"])
+    width = min(len(todo), parallel or max(1, (os.cpu_count() or 1) // plan["threads"]))
     logs = folder / "logs"
     logs.mkdir(exist_ok=True)
     env = dict(os.environ, **role_env(plan["threads"]))
-    running: list[tuple[int, subprocess.Popen[bytes], Path]] = []
-    while todo or running:
-        while todo and len(running) < width:
-            index = todo.pop(0)
-            log = logs / f"bench-{index}.log"
-            with log.open("ab") as out:
-                proc = subprocess.Popen(role_command("bench", folder, index), stdout=out,
-                                        stderr=subprocess.STDOUT, env=env)
-            running.append((index, proc, log))
+    procs: list[tuple[subprocess.Popen[bytes], Path]] = []
+    for worker in range(width):
+        log = logs / f"bench-local-{worker}.log"
+        indices = ",".join(map(str, todo[worker::width]))
+        with log.open("ab") as out:
+            procs.append((subprocess.Popen(role_command("bench", folder, indices), stdout=out,
+                                           stderr=subprocess.STDOUT, env=env), log))
+    while any(p.poll() is None for p, _ in procs):
+        failed = [(p, log) for p, log in procs if p.returncode not in (None, 0)]
+        if failed:
+            for p, _ in procs:
+                if p.poll() is None:
+                    p.kill()
+                    p.wait()
+            break
         time.sleep(0.1)
-        for entry in list(running):
-            index, proc, log = entry
-            if proc.poll() is None:
-                continue
-            running.remove(entry)
-            if proc.returncode != 0:
-                for _, other, _ in running:
-                    other.kill()
-                    other.wait()
-                tail = "\n".join(log.read_text(errors="replace").splitlines()[-15:])
-                raise UserError(f"bench task {index} failed (exit {proc.returncode}); its "
-                                f"log is {log}:\n{tail}")
+    for p, log in procs:
+        if p.returncode != 0:
+            tail = "\n".join(log.read_text(errors="replace").splitlines()[-15:])
+            raise UserError(f"a bench process failed (exit {p.returncode}); its log is "
+                            f"{log}:\n{tail}")
     return collect_bench(folder)
 
 
-def submit_bench(folder: Path, overrides: list[str]) -> dict[str, list[str]]:
+def submit_bench(folder: Path) -> dict[str, list[str]]:
     """Submit the plan as an evaluator array (`launch.slurm.evaluator`) and a collect job
     (`launch.slurm.helper`, afterok); returns the Slurm ids of both."""
     from rft_hpc.launch.sbatch import ARRAY_INDEX, Job, JobContext, render_script
@@ -59,7 +59,7 @@ def submit_bench(folder: Path, overrides: list[str]) -> dict[str, list[str]]:
 
     require_slurm()
     plan = read_json(folder / PLAN_FILE)
-    config = bench_config(Path(plan["target"]), overrides)
+    config = bench_config(Path(plan["target"]), plan["overrides"])
     run = RunDir(folder)
     for sub in (run.state, run.jobs):
         sub.mkdir(parents=True, exist_ok=True)
@@ -85,3 +85,23 @@ def submit_bench(folder: Path, overrides: list[str]) -> dict[str, list[str]]:
                 None, None, (run.jobs / "bench-collect.log",))]
     check_resources(jobs)
     return submit_jobs(run, jobs)
+
+
+def bench_stage_job(ctx: Any, stage_run: RunDir, stage: str, *, threads: int,
+                    after: tuple[str, ...]) -> Any:
+    """The job of a stage in mode bench (`launch.slurm.evaluator` settings): one job, as the
+    checkpoints to score exist only once the stages before have run; its bench tasks run
+    as processes inside it."""
+    from rft_hpc.launch.sbatch import Job, render_script
+    from rft_hpc.run.local import role_command
+
+    settings = ctx.launch.slurm.evaluator
+    log = stage_run.jobs / "bench.log"
+    script = render_script(
+        ctx, settings, key="launch.slurm.evaluator",
+        title=f"bench of stage {stage}: every checkpoint of the stages before",
+        job_name=f"{stage}.bench", log=log,
+        command=role_command("bench-stage", stage_run.root, python=ctx.python(settings)),
+        threads=threads, state=stage_run.state, record="slurm-bench")
+    return Job(f"{stage}.bench", "bench", "launch.slurm.evaluator", script, after, None, stage,
+               (log,))

@@ -22,6 +22,7 @@ from typing import Any
 
 from rft_hpc.config import ExperimentConfig, load_config
 from rft_hpc.errors import UserError
+from rft_hpc.eval.bench_launch import bench_stage_job
 from rft_hpc.launch.sbatch import (
     Job,
     JobContext,
@@ -171,6 +172,9 @@ def _plan(config: ExperimentConfig, run: RunDir, first: int, *, source: str,
         if stage.mode in ("both", "train"):
             roles.append(role_job(ctx, "trainer", stage_run, name,
                                   threads=stage.trainer.threads, after=after, mpi=mpi))
+        if stage.mode == "bench":
+            roles.append(bench_stage_job(ctx, stage_run, name, threads=stage.trainer.threads,
+                                         after=after))
         jobs += roles
         after = tuple(job.name for job in roles)
         if stage.eval.evaluator and stage.mode in ("both", "train"):

