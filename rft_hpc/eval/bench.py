@@ -221,12 +221,15 @@ def run_bench_task(folder: Path, index: int) -> dict[str, Any]:
 
 
 def load_checkpoint(checkpoint: Checkpoint, dtype: str) -> Any:
-    """An HF engine holding the checkpoint's weights."""
+    """An HF engine holding the checkpoint's weights (on the GPU, if there is one)."""
+    import torch
+
     from rft_hpc.engines.hf import HFEngine
     from rft_hpc.sync.checkpoint import load_weights
     from rft_hpc.sync.storage import load_safetensors
 
-    engine = HFEngine(checkpoint.model, dtype=dtype)
+    engine = HFEngine(checkpoint.model, dtype=dtype,
+                      device="cuda" if torch.cuda.is_available() else "cpu")
     path = Path(checkpoint.path)
     if checkpoint.kind == "weights":
         engine.load_weights(load_weights(path.parent, int(path.name[1:])), 0)

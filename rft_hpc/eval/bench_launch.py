@@ -7,11 +7,14 @@ import os
 import subprocess
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rft_hpc.errors import UserError
 from rft_hpc.eval.bench import PLAN_FILE, bench_config, collect_bench, result_file, task_count
 from rft_hpc.rundir import RunDir, read_json
+
+if TYPE_CHECKING:
+    from rft_hpc.launch.sbatch import Job, JobContext
 
 
 def run_bench_local(folder: Path, *, parallel: int | None = None) -> dict[str, Any]:
@@ -87,8 +90,8 @@ def submit_bench(folder: Path) -> dict[str, list[str]]:
     return submit_jobs(run, jobs)
 
 
-def bench_stage_job(ctx: Any, stage_run: RunDir, stage: str, *, threads: int,
-                    after: tuple[str, ...]) -> Any:
+def bench_stage_job(ctx: JobContext, stage_run: RunDir, stage: str, *, threads: int,
+                    after: tuple[str, ...]) -> Job:
     """The job of a stage in mode bench (`launch.slurm.evaluator` settings): one job, as the
     checkpoints to score exist only once the stages before have run; its bench tasks run
     as processes inside it."""
