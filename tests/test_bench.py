@@ -173,8 +173,10 @@ def test_a_stage_in_mode_bench_scores_the_checkpoints_before_it(tmp_path: Path,
 
 def test_a_bench_stage_is_one_job_after_the_stage_before(tmp_path: Path,
                                                          tiny_model: Path) -> None:
-    result = rft("submit", _bench_stage_config(tmp_path, tiny_model), "--dry-run")
+    result = rft("submit", _bench_stage_config(tmp_path, tiny_model), "--dry-run",
+                 "--auto-resume")
     assert result.returncode == 0, result.stderr[-3000:]
+    assert "# ---- bench.bench.watch.sbatch (after bench.bench)" in result.stdout
     assert "# ---- bench.bench.sbatch (after bench.prepare)" in result.stdout
     assert "role bench-stage" in result.stdout
     assert "# ---- finalize.sbatch (after bench.bench)" in result.stdout

@@ -153,6 +153,8 @@ def _work_left(job: Job, config: ExperimentConfig, run: RunDir) -> list[int]:
     if job.role == "explorer":
         return [i for i in range(stage.explorer.count)
                 if _status(stage_run, f"explorer-{i}") != "done"]
+    if job.role == "bench":  # a stage in mode bench: done once it has collected
+        return [] if (stage_run.root / "bench" / "results.json").exists() else [0]
     if job.role == "evaluator":
         versions = stage.eval.scored_versions(stage.trainer.steps)
         return [i for i, v in enumerate(versions) if not result_path(stage_run, v).exists()

@@ -146,7 +146,7 @@ def plan_jobs(config: ExperimentConfig, run: RunDir, first: int, *, source: str,
                                         else [job])]
 
 
-ROLE_JOBS = frozenset({"explorer", "trainer", "evaluator"})
+ROLE_JOBS = frozenset({"explorer", "trainer", "evaluator", "bench"})
 """Roles whose jobs restart from their own checkpoints (and get a watcher)."""
 
 
