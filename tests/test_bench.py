@@ -180,3 +180,19 @@ def test_a_bench_stage_is_one_job_after_the_stage_before(tmp_path: Path,
     assert "# ---- bench.bench.sbatch (after bench.prepare)" in result.stdout
     assert "role bench-stage" in result.stdout
     assert "# ---- finalize.sbatch (after bench.bench)" in result.stdout
+
+
+def test_a_bench_stage_runs_under_slurm(slurm_env: dict[str, str], tmp_path: Path,
+                                        tiny_model: Path) -> None:
+    result = rft("submit", _bench_stage_config(tmp_path, tiny_model), env=slurm_env)
+    assert result.returncode == 0, result.stderr[-3000:]
+    run = tmp_path / "runs/benchrun"
+    jobs = json.loads((run / "state/jobs.json").read_text())["submissions"][-1]["jobs"]
+    ids = {j["name"]: j["id"] for j in jobs}
+    assert wait_for_states(ids["finalize"], slurm_env, timeout=240) == {
+        ids["finalize"]: "COMPLETED"}, (run / "stages/1-bench/jobs/bench.log").read_text()
+    results = json.loads((run / "stages/1-bench/bench/results.json").read_text())
+    assert results["checkpoints"] == ["base", "sft-step-000001", "sft-v000002"]
+    assert "sft-v000002" in (run / "stages/1-bench/jobs/bench.log").read_text()  # the table
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["stages"][1]["bench"] == str(run / "stages/1-bench/bench/results.json")
