@@ -129,6 +129,8 @@ def test_bench_runs_locally_and_skips_results_that_exist(run_dir: Path,
     results = json.loads((bench / "results.json").read_text())
     assert [r.get("kept") for r in results["results"]].count(True) == 1
     assert (bench / "grpo-v000002__eval.json").exists()
+    other = rft("eval", run_dir, "--k", "3", "--local", "--out", out)
+    assert other.returncode == 2 and "other settings (k)" in other.stderr
 
 
 def test_bad_task_specs_are_refused(run_dir: Path) -> None:

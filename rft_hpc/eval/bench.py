@@ -173,9 +173,25 @@ def plan_bench(target: Path, specs: list[str], out: Path, *, k: int, n: int | No
             "dtype": config.model.dtype, "threads": config.trainer.threads,
             "overrides": overrides}
     folder = out.resolve() / "bench"
+    if (folder / PLAN_FILE).exists():
+        _check_same_settings(read_json(folder / PLAN_FILE), plan, folder)
     folder.mkdir(parents=True, exist_ok=True)
     atomic_write_json(folder / PLAN_FILE, plan)
     return plan
+
+
+_SETTINGS = ("k", "n", "temperature", "max_new_tokens", "seed", "dtype")
+
+
+def _check_same_settings(old: dict[str, Any], new: dict[str, Any], folder: Path) -> None:
+    """Results already in `folder` are reused: refuse a plan that would score differently."""
+    changed = [key for key in _SETTINGS if old.get(key) != new[key]]
+    sources = {t["name"]: t["source"] for t in old["tasksets"]}
+    changed += [f"task set {t['name']}" for t in new["tasksets"]
+                if sources.get(t["name"], t["source"]) != t["source"]]
+    if changed:
+        raise UserError(f"{folder} holds results scored with other settings "
+                        f"({', '.join(changed)}): choose another --out, or delete it")
 
 
 def task_count(plan: dict[str, Any]) -> int:
