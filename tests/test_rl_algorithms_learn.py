@@ -1,7 +1,7 @@
 """Each RL algorithm's example config, run for 30 steps from an SFT-warmed model, really
 learns: held-out greedy accuracy on 200 two-digit additions rises by at least 10 points.
 
-Measured (docs/algorithms.md): +19.5 to +31 points after 30 steps (two seeds), +22 to +32
+Measured (docs/algorithms.md): +19 to +31 points after 30 steps (two seeds), +22 to +32
 after 50, for every algorithm; the 10-point margin is well inside that. The warm-up (the SFT
 stage of the demo, ~50 % accuracy) is built once per session and saved as a model folder, so
 every run starts from the same weights and is measured on the same 200 held-out problems.
