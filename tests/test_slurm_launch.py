@@ -189,7 +189,9 @@ def test_submit_runs_the_demo_to_completion_like_a_local_run(
     step = slurm(["sacct", "--noheader", "--parsable2", "--format=NTasks,NodeList",
                   f"--jobs={trainer}.0"], slurm_env)
     assert step.split() == ["2|n[1-2]"]
-    assert (run / "stages" / "1-grpo" / "state" / f"dist-{trainer}").exists()
+    trainer_log = (run / "stages" / "1-grpo" / "jobs" / "trainer.log").read_text()
+    assert f"2 ranks over gloo, met through file://{run}/stages/1-grpo/state/dist-{trainer}" \
+        in trainer_log, trainer_log[-2000:]
     beats = {(r["stage"], r["role"]): r for r in final["roles"]}
     assert beats[("1-grpo", "trainer")]["step"] == 6 and beats[("1-grpo", "trainer")][
         "version"] == 6

@@ -111,11 +111,16 @@ def run_explorer(stage_dir: Path, index: int) -> int:
         writer.close()
         step = writer.committed_step
         ledger.append("stop", step=step, reason="done" if step >= total else stop.reason)
+    except BaseException:
+        follower.close()
+        raise
     finally:
         metrics.close()
         ledger.close()
-        follower.close()
     beat("done" if step >= total else "stopped")
+    if step >= total:  # the trainer may be sending a version already: take it
+        follower.linger(config.sync.timeout)
+    follower.close()
     if step < total:
         stop.check_requeue()
     return step

@@ -89,6 +89,17 @@ class WeightFollower:
         path = self.run.state / "trainer.json"
         return path.exists() and read_json(path).get("status") == "done"
 
+    def linger(self, timeout: float, poll: float = 0.1) -> None:
+        """Keep receiving (and dropping) versions until the trainer is done, at most
+        `timeout` s: a broadcast the trainer began before it saw this explorer finish must
+        not stall on a receiver that left."""
+        if self.receiver is None:
+            return
+        end = time.monotonic() + timeout
+        while not self._trainer_done() and not self.stop and time.monotonic() < end:
+            self.receiver.take()
+            time.sleep(poll)
+
     def close(self) -> None:
         """Stop receiving."""
         if self.receiver is not None:

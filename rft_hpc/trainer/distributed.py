@@ -31,6 +31,7 @@ from __future__ import annotations
 import datetime
 import itertools
 import os
+import sys
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -159,6 +160,10 @@ def init_distributed() -> DistContext:
         dist.init_process_group(backend, init_method=launch.init_method, rank=launch.rank,
                                 world_size=launch.world_size, timeout=delta)
         _owned = True
+        if launch.rank == 0:  # the job log says how the ranks met (the file store's file is
+            # removed once every rank has left)
+            print(f"rft-hpc: trainer: {launch.world_size} ranks over {backend}, met through "
+                  f"{launch.init_method or 'env://'}", file=sys.stderr, flush=True)
     _control = dist.new_group(backend="gloo", timeout=delta) if backend != "gloo" else None
     _context = DistContext(launch.rank, launch.world_size, launch.local_rank, device,
                            backend, timeout)
