@@ -56,6 +56,7 @@ class LedgerWriter:
         return RestartCount(len(history.restarts), history.redone_steps)
 
     def close(self) -> None:
+        """Close the file (every event was written when appended)."""
         os.close(self._fd)
 
 
