@@ -123,15 +123,17 @@ def test_trainer_signals_killed_explorers_and_a_requeued_array_lose_nothing(
 
 def test_a_one_minute_time_limit_finishes_through_requeues(
         slurm_env: dict[str, str], tmp_path: Path, tiny_model: Path) -> None:
-    # ~3 minutes of work for jobs of 1 minute: each role stops before its limit and requeues
+    # Jobs of 1 minute for ~3 minutes of work (~3.5 minutes of steps on a quiet 2-core
+    # machine, more under load): each role stops before its limit and requeues itself.
     run = submit(slurm_env, tmp_path, tiny_model, unique("walltime"),
-                 "--set", "trainer.steps=300", "--set", "explorer.max_new_tokens=16",
+                 "--set", "trainer.steps=240", "--set", "explorer.max_new_tokens=16",
+                 "--set", "explorer.tasks_per_step=8", "--set", "trainer.batch_size=128",
                  "--set", "launch.slurm.trainer.time=1", "--set", "launch.slurm.explorer.time=1",
                  "--set", "launch.slurm.signal_delay=10",
                  "--set", "launch.slurm.walltime_margin=10")
-    finished(slurm_env, run, timeout=900, steps=300)
+    finished(slurm_env, run, timeout=1200, steps=240)
     stage = audit(slurm_env, run)
-    assert stage["trainer"]["restarts"] >= 3, stage["trainer"]  # 4+ lives of <= 1 minute
+    assert stage["trainer"]["restarts"] >= 2, stage["trainer"]  # 3+ lives of <= 1 minute
     assert set(stage["trainer"]["causes"]) <= {"walltime", "requeue"}, stage["trainer"]
     timeouts = slurm(["sacct", "--noheader", "--parsable2", "--allocations", "--format=State",
                       f"--name={run.name}.main.trainer"], slurm_env).split()
