@@ -30,6 +30,7 @@ from rft_hpc.launch.submit import (
     submissions,
     submit_jobs,
 )
+from rft_hpc.roles.common import role_status
 from rft_hpc.run.stages import stage_dir
 from rft_hpc.rundir import RunDir, read_json
 
@@ -149,10 +150,10 @@ def _work_left(job: Job, config: ExperimentConfig, run: RunDir) -> list[int]:
     if job.role == "prepare":
         return [] if stage_run.config.exists() else [0]
     if job.role == "trainer":
-        return [] if _status(stage_run, "trainer") == "done" else [0]
+        return [] if role_status(stage_run, "trainer") == "done" else [0]
     if job.role == "explorer":
         return [i for i in range(stage.explorer.count)
-                if _status(stage_run, f"explorer-{i}") != "done"]
+                if role_status(stage_run, f"explorer-{i}") != "done"]
     if job.role == "bench":  # a stage in mode bench: done once it has collected
         return [] if (stage_run.root / "bench" / "results.json").exists() else [0]
     if job.role == "evaluator":
@@ -160,14 +161,6 @@ def _work_left(job: Job, config: ExperimentConfig, run: RunDir) -> list[int]:
         return [i for i, v in enumerate(versions) if not result_path(stage_run, v).exists()
                 and not (i == len(versions) - 1 and _evaluated_last(stage_run))]
     raise ValueError(f"unknown role {job.role!r}")
-
-
-def _status(stage: RunDir, role: str) -> str | None:
-    path = stage.state / f"{role}.json"
-    try:
-        return read_json(path).get("status")
-    except (OSError, ValueError):
-        return None
 
 
 def _evaluated_last(stage: RunDir) -> bool:

@@ -12,7 +12,7 @@ import yaml
 
 from rft_hpc.config import ExperimentConfig, load_config
 from rft_hpc.roles.lifecycle import RequeueRequested
-from rft_hpc.rundir import RunDir, atomic_write_json, atomic_write_text
+from rft_hpc.rundir import RunDir, atomic_write_json, atomic_write_text, read_json
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR2)
 
@@ -79,6 +79,14 @@ def write_heartbeat(run: RunDir, role: str, **fields: Any) -> None:
     atomic_write_json(run.state / f"{role}.json",
                       {"role": role, "pid": os.getpid(), "time": time.time(),
                        "restarts": restarts, **fields}, durable=False)
+
+
+def role_status(run: RunDir, role: str) -> str | None:
+    """The status in a role's last heartbeat (`running`, `stopped`, `done`), None if none."""
+    try:
+        return read_json(run.state / f"{role}.json").get("status")
+    except (OSError, ValueError):
+        return None
 
 
 def set_threads(threads: int) -> None:

@@ -12,9 +12,9 @@ import time
 from typing import Any
 
 from rft_hpc.config import ExperimentConfig
-from rft_hpc.roles.common import StopFlag
+from rft_hpc.roles.common import StopFlag, role_status
 from rft_hpc.roles.lifecycle import JobClock
-from rft_hpc.rundir import RunDir, read_json
+from rft_hpc.rundir import RunDir
 from rft_hpc.sync.checkpoint import WeightsGone, latest_weights_version, load_weights
 from rft_hpc.sync.publisher import fabric_backend, sync_folder
 
@@ -86,8 +86,7 @@ class WeightFollower:
             self.waited += time.monotonic() - start
 
     def _trainer_done(self) -> bool:
-        path = self.run.state / "trainer.json"
-        return path.exists() and read_json(path).get("status") == "done"
+        return role_status(self.run, "trainer") == "done"
 
     def linger(self, timeout: float, poll: float = 0.1) -> None:
         """Keep receiving (and dropping) versions until the trainer is done, at most

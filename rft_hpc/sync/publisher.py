@@ -20,7 +20,8 @@ from typing import Any
 import torch
 
 from rft_hpc.config import ExperimentConfig
-from rft_hpc.rundir import RunDir, read_json
+from rft_hpc.roles.common import role_status
+from rft_hpc.rundir import RunDir
 from rft_hpc.sync.checkpoint import latest_weights_version, publish_weights
 from rft_hpc.sync.fabric import SyncFailed
 
@@ -95,14 +96,8 @@ class WeightPublisher:
 
     def _an_explorer_finished(self) -> bool:
         """An explorer that finished no longer listens: waiting for it would stall a sync."""
-        for i in range(self.config.explorer.count):
-            path = self.run.state / f"explorer-{i}.json"
-            try:
-                if read_json(path).get("status") == "done":
-                    return True
-            except (OSError, ValueError):
-                continue
-        return False
+        return any(role_status(self.run, f"explorer-{i}") == "done"
+                   for i in range(self.config.explorer.count))
 
     def close(self) -> None:
         """Tell the explorers no more versions come by the fabric."""

@@ -25,9 +25,15 @@ from rft_hpc.buffer.reader import Batch, BufferReader
 from rft_hpc.config import ExperimentConfig
 from rft_hpc.ledger import LedgerWriter, compact_refs
 from rft_hpc.monitor.metrics import MetricsWriter
-from rft_hpc.roles.common import StopFlag, load_stage, set_threads, write_heartbeat
+from rft_hpc.roles.common import (
+    StopFlag,
+    load_stage,
+    role_status,
+    set_threads,
+    write_heartbeat,
+)
 from rft_hpc.roles.lifecycle import JobClock
-from rft_hpc.rundir import RunDir, read_json
+from rft_hpc.rundir import RunDir
 from rft_hpc.sync.publisher import WeightPublisher
 from rft_hpc.tasks.source import build_tasks
 from rft_hpc.trainer.checkpoint import TrainerState, load_trainer_state, save_trainer_state
@@ -43,11 +49,7 @@ log = logging.getLogger(__name__)
 
 
 def _explorers_done(run: RunDir, count: int) -> bool:
-    for i in range(count):
-        path = run.state / f"explorer-{i}.json"
-        if not path.exists() or read_json(path).get("status") != "done":
-            return False
-    return True
+    return all(role_status(run, f"explorer-{i}") == "done" for i in range(count))
 
 
 def next_batch(reader: BufferReader, n: int, version: int, *, config: ExperimentConfig,
