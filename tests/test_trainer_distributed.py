@@ -254,6 +254,38 @@ def test_a_stop_signal_to_rank_0_stops_every_rank_after_a_save(tmp_path, tiny_mo
     assert saved == f"trainer/step-{heartbeat['step']:06d}"
 
 
+def catches(pid: int, signum: int) -> bool:
+    """Whether process `pid` has a handler for `signum` (Linux /proc)."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("SigCgt:"):
+            return bool(int(line.split()[1], 16) >> (signum - 1) & 1)
+    return False
+
+
+def test_warning_signals_from_start_to_exit_never_kill_the_role(tmp_path, tiny_model):
+    # Slurm sends USR2 up to a minute early: while the role still imports torch, or while it
+    # exits after its own walltime stop. Either used to kill it (exit -12, counted a crash).
+    stage = sft_stage(tmp_path, tiny_model, "early", steps=10_000, save_interval=10_000,
+                      batch_size=4)
+    proc = start_ranks(trainer_command(stage), 1, None)[0]
+    deadline = time.monotonic() + 60
+    while not catches(proc.pid, signal.SIGUSR2):  # python's own start-up: nothing to catch
+        assert proc.poll() is None and time.monotonic() < deadline
+        time.sleep(0.005)
+    sent = 0
+    while proc.poll() is None:  # every 5 ms until it has exited
+        proc.send_signal(signal.SIGUSR2)
+        sent += 1
+        time.sleep(0.005)
+    rc, err = finish([proc])[0]
+    assert rc == REQUEUE_EXIT, (sent, err[-3000:])
+    assert "asking to be requeued (requeue)" in err
+    heartbeat = json.loads((stage / "state" / "trainer.json").read_text())
+    assert heartbeat["status"] == "stopped"
+    assert (stage / "ckpt" / "LATEST").read_text().strip() == \
+        f"trainer/step-{heartbeat['step']:06d}"
+
+
 def test_a_rank_killed_mid_run_does_not_hang_the_other(tmp_path, tiny_model):
     stage = sft_stage(tmp_path, tiny_model, "kill", steps=10_000, save_interval=10_000,
                       batch_size=4)

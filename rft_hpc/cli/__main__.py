@@ -1,4 +1,12 @@
-"""`python -m rft_hpc.cli`: the same as the `rft-hpc` command."""
+"""`python -m rft_hpc.cli`: the same as the `rft-hpc` command (and how jobs start roles)."""
+
+import sys
+
+if sys.argv[1:2] == ["role"] and sys.argv[2:3] in (["explorer"], ["trainer"]):
+    # Before the heavy imports: a stop signal now must not kill the role (see roles.signals).
+    from rft_hpc.roles.signals import catch_early
+
+    catch_early()
 
 from rft_hpc.cli.app import main
 

@@ -9,6 +9,7 @@ from rich.table import Table
 
 from rft_hpc.cli.output import console
 from rft_hpc.errors import UserError
+from rft_hpc.roles.signals import ignore_warning_signal
 
 
 def run(
@@ -74,7 +75,10 @@ def role_explorer(
     """Run explorer INDEX of a stage directory."""
     from rft_hpc.explorer.role import run_explorer
 
-    run_explorer(stage, index)
+    try:
+        run_explorer(stage, index)
+    finally:
+        ignore_warning_signal()
 
 
 @role_app.command("trainer")
@@ -82,7 +86,10 @@ def role_trainer(stage: Path = typer.Argument(..., help="Stage directory.")) -> 
     """Run the trainer of a stage directory."""
     from rft_hpc.trainer.role import run_trainer
 
-    run_trainer(stage)
+    try:
+        run_trainer(stage)
+    finally:
+        ignore_warning_signal()
 
 
 @role_app.command("evaluator")

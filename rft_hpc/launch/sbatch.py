@@ -161,9 +161,18 @@ def render_script(ctx: JobContext, settings: SlurmRoleConfig, *, key: str, title
 
 
 _REQUEUE = """\
-restarts=${{SLURM_RESTART_COUNT:-0}}
-if [ "$status" -eq {exit} ] || {{ [ "$status" -gt 128 ] && [ "$restarts" -lt {limit} ]; }}; then
-    echo "rft-hpc: $what: requeueing job $job (restart $((restarts + 1)))"
+requeue=
+if [ "$status" -eq {exit} ]; then
+    requeue=yes
+elif [ "$status" -gt 128 ]; then  # killed: counts against launch.slurm.max_restarts
+    crashes=$(( $(cat "$state/.crashes-$job" 2>/dev/null || echo 0) + 1 ))
+    echo "$crashes" >"$state/.crashes-$job"
+    if [ "$crashes" -le {limit} ]; then
+        requeue=yes
+    fi
+fi
+if [ -n "$requeue" ]; then
+    echo "rft-hpc: $what: requeueing job $job (restart $((${{SLURM_RESTART_COUNT:-0}} + 1)))"
     scontrol requeue "$job"
     exit 0
 fi

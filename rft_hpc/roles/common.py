@@ -12,9 +12,8 @@ import yaml
 
 from rft_hpc.config import ExperimentConfig, load_config
 from rft_hpc.roles.lifecycle import RequeueRequested
+from rft_hpc.roles.signals import STOP_SIGNALS, take_early
 from rft_hpc.rundir import RunDir, atomic_write_json, atomic_write_text, read_json
-
-STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR2)
 
 
 def freeze_config(config: ExperimentConfig, path: Path) -> None:
@@ -31,10 +30,11 @@ def load_stage(stage_dir: Path) -> tuple[ExperimentConfig, RunDir]:
 
 class StopFlag:
     """Set by SIGINT, SIGTERM or SIGUSR2 (Slurm's warning), or by the role itself when its
-    job's time runs out: the role stops at a safe point."""
+    job's time runs out: the role stops at a safe point. A signal that came before the flag
+    existed (see `signals.catch_early`) counts as if it came now."""
 
     def __init__(self) -> None:
-        self.signal: int | None = None
+        self.signal: int | None = take_early()
         self.walltime = False
         for sig in STOP_SIGNALS:
             signal.signal(sig, self._handle)
