@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from rft_hpc.buffer.config import BufferConfig
 from rft_hpc.config.algorithm import AlgorithmConfig, AlgorithmType, sync_algorithm_type
+from rft_hpc.config.trainer_backend import TrainerBackendFields
 from rft_hpc.launch.config import LaunchConfig
 from rft_hpc.tasks.config import ArithmeticTasks, TasksConfig
 
@@ -165,7 +166,7 @@ class ExplorerConfig(_Section):
         return -(-trainer.steps * trainer.batch_size // self.records_per_step())
 
 
-class TrainerConfig(_Section):
+class TrainerConfig(TrainerBackendFields, _Section):
     """The trainer: reads experiences from the buffer, updates and publishes the policy."""
 
     algorithm: AlgorithmType = "grpo"

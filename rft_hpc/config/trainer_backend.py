@@ -1,0 +1,47 @@
+"""The trainer's engine settings: backend, how the ranks share the model, micro-batches.
+
+`TrainerConfig` inherits these fields, so they read as `trainer.backend`,
+`trainer.parallel`, ... in a config file. docs/trainer.md explains what each one does.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+Backend = Literal["torch", "megatron"]
+Parallel = Literal["ddp", "fsdp"]
+ComputeDtype = Literal["auto", "float32", "bfloat16"]
+
+
+class TrainerBackendFields(BaseModel):
+    """The trainer's engine: backend, data parallelism, micro-batches, memory savers."""
+
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
+
+    backend: Backend = "torch"
+    """Training engine: `torch` (plain PyTorch over the trainer's ranks, `parallel` says
+    how) or `megatron` (Megatron-core)."""
+
+    parallel: Parallel = "ddp"
+    """With backend torch and several ranks: `ddp` (every rank holds a full replica, the
+    gradients are summed over the ranks) or `fsdp` (FSDP2, `fully_shard`: parameters,
+    gradients and optimizer state are sharded over the ranks; published weights and
+    checkpoints are still full state dicts). One rank trains the same way with either."""
+
+    micro_batch_tokens: int = Field(0, ge=0)
+    """Token budget of one micro-batch: each rank packs its rows, longest first, into
+    micro-batches of at most this many padded tokens (rows x longest row; a DPO pair counts
+    as two rows) and accumulates their gradients, so the step's loss is that of the whole
+    batch. A sequence longer than the budget is skipped with a warning and counted in the
+    `skipped_sequences` metric. 0: each rank's whole shard at once."""
+
+    activation_checkpointing: bool = False
+    """Recompute the activations of each transformer layer in the backward pass instead of
+    keeping them (less memory, about a third more compute); the gradients are the same."""
+
+    dtype: ComputeDtype = "auto"
+    """Compute dtype of forward and backward: `auto` is bfloat16 on GPUs and float32 on
+    CPUs. bfloat16 runs under autocast (ddp) or FSDP2's mixed precision (fsdp); weights
+    and optimizer state keep `model.dtype`, gradients are reduced in float32."""
