@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from rft_hpc.buffer.config import BufferConfig
 from rft_hpc.config.algorithm import AlgorithmConfig, AlgorithmType, sync_algorithm_type
+from rft_hpc.config.pipeline import PipelineConfig
 from rft_hpc.config.trainer_backend import TrainerBackendFields
 from rft_hpc.launch.config import LaunchConfig
 from rft_hpc.tasks.config import ArithmeticTasks, TasksConfig
@@ -320,6 +321,9 @@ class StageConfig(_Section):
     data: DataConfig | None = None
     """Offline data for a `train` stage."""
 
+    pipeline: PipelineConfig | None = None
+    """Data-pipeline settings that differ from the base config's (only the keys given)."""
+
     @model_validator(mode="before")
     @classmethod
     def _same_algorithm(cls, data: Any) -> Any:
@@ -362,6 +366,10 @@ class ExperimentConfig(_Section):
     eval: EvalConfig = Field(default_factory=EvalConfig)
     """Held-out evaluation during and after training."""
 
+    pipeline: PipelineConfig = Field(default_factory=PipelineConfig)
+    """Task selection and task-set mixing, reward shaping and experience filters
+    (docs/pipeline.md)."""
+
     data: DataConfig | None = None
     """Offline data for mode `train` (imported into the buffer first)."""
 
@@ -381,7 +389,8 @@ class ExperimentConfig(_Section):
         out = []
         for stage in self.stages:
             merged = dict(base, stages=[])
-            for section in ("trainer", "algorithm", "explorer", "buffer", "sync", "eval"):
+            for section in ("trainer", "algorithm", "explorer", "buffer", "sync", "eval",
+                            "pipeline"):
                 given = getattr(stage, section)
                 if given is not None:
                     changes = given.model_dump(exclude_unset=True)
