@@ -20,12 +20,11 @@ from rft_hpc.engines.hf import HFEngine
 from rft_hpc.explorer.workflow import SamplingSettings, explore_tasks
 from rft_hpc.ledger import LedgerWriter
 from rft_hpc.monitor.metrics import MetricsWriter
+from rft_hpc.pipeline.explorer_side import ExplorerPipeline
 from rft_hpc.roles.common import StopFlag, load_stage, set_threads, write_heartbeat
 from rft_hpc.roles.lifecycle import JobClock
 from rft_hpc.sync.checkpoint import load_weights
 from rft_hpc.sync.follower import WeightFollower, build_receiver
-from rft_hpc.tasks.source import build_tasks
-from rft_hpc.tasks.stream import TaskStream
 
 
 def required_version(step: int, config: ExperimentConfig) -> int:
@@ -64,12 +63,10 @@ def run_explorer(stage_dir: Path, index: int) -> int:
     stop = StopFlag()
     role = f"explorer-{index}"
     cfg = config.explorer
-    train, _ = build_tasks(config.tasks, config.run.seed)
-    stream = TaskStream(train, seed=config.run.seed, explorers=cfg.count,
-                        tasks_per_step=cfg.tasks_per_step)
     writer = SegmentWriter(run.buffer, role, "rl", durable=config.buffer.fsync,
                            steps_per_segment=config.buffer.steps_per_segment,
                            background_commit=True)
+    pipeline = ExplorerPipeline(config, run, index, committed_step=writer.next_step)
     engine = build_engine(config)
     load_start_weights(engine, config)
     clock = JobClock(config.launch.slurm.walltime_margin)
@@ -90,11 +87,12 @@ def run_explorer(stage_dir: Path, index: int) -> int:
             if not follower.wait_for(required_version(step, config)):
                 break
             t0 = time.monotonic()
-            tasks = stream.tasks_for(step, index)
+            tasks = pipeline.tasks_for(step)
             first_group = (step * cfg.count + index) * cfg.tasks_per_step
             experiences, values = explore_tasks(
                 engine, tasks, settings, first_group_id=first_group, step=step,
                 seed=step_seed(config.run.seed, step, index))
+            values.update(pipeline.process(step, experiences))
             writer.write_step(step, experiences)
             seconds = time.monotonic() - t0
             values.update(version=engine.version, seconds=seconds,
@@ -117,6 +115,7 @@ def run_explorer(stage_dir: Path, index: int) -> int:
     finally:
         metrics.close()
         ledger.close()
+        pipeline.close()
     beat("done" if step >= total else "stopped")
     if step >= total:  # the trainer may be sending a version already: take it
         follower.linger(config.sync.timeout)

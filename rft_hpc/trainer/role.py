@@ -25,6 +25,7 @@ from rft_hpc.buffer.reader import Batch, BufferReader
 from rft_hpc.config import ExperimentConfig
 from rft_hpc.ledger import LedgerWriter, compact_refs
 from rft_hpc.monitor.metrics import MetricsWriter
+from rft_hpc.pipeline.filters import filter_batch
 from rft_hpc.roles.common import (
     StopFlag,
     load_stage,
@@ -209,8 +210,13 @@ def _lead(trainer: Trainer, run: RunDir, stop: StopFlag, saved: TrainerState | N
                 break
             t1 = time.monotonic()
             waiting_since.clear()
-            followers.send("batch")
-            values = trainer.step(batch)
+            kept, filtered = filter_batch(batch, config.pipeline.experience_filters)
+            if len(kept):
+                followers.send("batch")
+                values = trainer.step(kept)
+            else:  # the filters dropped every record: this step changes no weights
+                values = {"filter/skipped_step": 1.0}
+            values.update(filtered)
             step += 1
             cursor = reader.state_dict()
             published = None

@@ -1,0 +1,1 @@
+"""The data pipeline: task selection and mixing, reward shaping, experience filters."""

@@ -1,0 +1,77 @@
+"""The explorer's part of the data pipeline, behind two calls of the explorer loop:
+`tasks_for(step)` (task selection and mixing) and `process(step, experiences)` (pass-rate
+bookkeeping, per-task-set metrics, reward shaping) before the step's records are written.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Sequence
+
+import numpy as np
+
+from rft_hpc.buffer.records import Experience
+from rft_hpc.config import ExperimentConfig
+from rft_hpc.pipeline.shaping import shape_rewards
+from rft_hpc.pipeline.stream import build_task_stream
+from rft_hpc.pipeline.task_stats import TaskStats
+from rft_hpc.rundir import RunDir
+from rft_hpc.tasks.task import Task
+
+
+def taskset_metrics(experiences: Sequence[Experience], pass_threshold: float,
+                    ) -> dict[str, float]:
+    """`taskset/<name>/{count,reward_mean,pass_rate}` of the rollouts of each task set."""
+    by_set: dict[str, list[float]] = defaultdict(list)
+    for e in experiences:
+        by_set[e.taskset].append(e.reward)
+    out: dict[str, float] = {}
+    for name, rewards in sorted(by_set.items()):
+        r = np.asarray(rewards, dtype=np.float64)
+        out[f"taskset/{name}/count"] = float(len(r))
+        out[f"taskset/{name}/reward_mean"] = float(r.mean())
+        out[f"taskset/{name}/pass_rate"] = float(np.mean(r >= pass_threshold))
+    return out
+
+
+def pass_counts(experiences: Sequence[Experience], pass_threshold: float,
+                ) -> dict[str, tuple[float, int]]:
+    """task_id -> (passed rollouts, rollouts) of one step."""
+    counts: dict[str, tuple[float, int]] = {}
+    for e in experiences:
+        passed, seen = counts.get(e.task_id, (0.0, 0))
+        counts[e.task_id] = (passed + float(e.reward >= pass_threshold), seen + 1)
+    return counts
+
+
+class ExplorerPipeline:
+    """Task selection and experience processing of explorer `index`."""
+
+    def __init__(self, config: ExperimentConfig, run: RunDir, index: int,
+                 committed_step: int) -> None:
+        self.config, self.index = config, index
+        self.pipe = config.pipeline
+        self.stream = build_task_stream(config)
+        self.stats = (TaskStats(run.state / "pipeline" / f"explorer-{index}.jsonl",
+                                committed_step, durable=config.buffer.fsync)
+                      if self.pipe.uses_pass_rates() else None)
+
+    def tasks_for(self, step: int) -> list[Task]:
+        """This explorer's tasks of `step` (the same after any restart)."""
+        rates = self.stats.rates if self.stats is not None else None
+        return self.stream.tasks_for(step, self.index, rates)
+
+    def process(self, step: int, experiences: Sequence[Experience]) -> dict[str, float]:
+        """Record the step's pass rates, shape the rewards in place; returns the metrics.
+        Call it once per step, before the step's records are written."""
+        threshold = self.pipe.pass_threshold
+        metrics = taskset_metrics(experiences, threshold)
+        if self.stats is not None:
+            self.stats.record(step, pass_counts(experiences, threshold))
+        metrics.update(shape_rewards(experiences, self.pipe.reward_shaping))
+        return metrics
+
+    def close(self) -> None:
+        """Close the pass-rate file."""
+        if self.stats is not None:
+            self.stats.close()
