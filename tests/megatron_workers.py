@@ -1,0 +1,74 @@
+"""One rank of a TP/PP shard-gather test, run as a script by tests/test_megatron.py.
+
+usage: megatron_workers.py {plain,megatron} HF_SAFETENSORS HF_CONFIG_JSON TP PP OUT INIT_FILE
+(RANK and WORLD_SIZE come from the environment). Each rank takes its own shard of the HF
+model's Megatron state; `plain` gathers it over torch.distributed groups built here,
+`megatron` first loads it into a real GPTModel under megatron-core's parallel_state and
+gathers that model's state_dict() over parallel_state's groups. Rank 0 writes the gathered
+HF state dict to OUT.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import torch.distributed as dist
+from safetensors.torch import load_file, save_file
+
+from rft_hpc.megatron.convert import LlamaShape, hf_to_megatron, padded_vocab_size
+from rft_hpc.megatron.publish import gather_hf_state
+from rft_hpc.megatron.shards import Layout, shard_state
+
+
+def plain_groups(tp: int, pp: int) -> tuple[dist.ProcessGroup, dist.ProcessGroup]:
+    """Megatron's rank order: rank = stage * tp + tp_rank. Every rank creates every group."""
+    rank = dist.get_rank()
+    mine: list[dist.ProcessGroup] = []
+    for stage in range(pp):
+        group = dist.new_group([stage * tp + r for r in range(tp)])
+        if rank // tp == stage:
+            mine.append(group)
+    for r in range(tp):
+        group = dist.new_group([s * tp + r for s in range(pp)])
+        if rank % tp == r:
+            mine.append(group)
+    return mine[0], mine[1]
+
+
+def main(mode: str, weights: str, config: str, tp: int, pp: int, out: str, init: str) -> None:
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    dist.init_process_group("gloo", init_method=f"file://{init}", rank=rank, world_size=world)
+    hf_config = SimpleNamespace(**json.loads(Path(config).read_text()))
+    shape = LlamaShape.from_hf(hf_config)
+    vocab = padded_vocab_size(shape.vocab_size, tp, 8)
+    layout = Layout(tp, pp, shape.num_layers, shape.tied)
+    full = hf_to_megatron(load_file(weights), shape, padded_vocab=vocab)
+    local = shard_state(full, layout)[rank // tp, rank % tp]
+    if mode == "megatron":
+        from megatron.core import parallel_state
+
+        from rft_hpc.megatron.model import build_gpt_model, load_megatron_state, weights_of
+
+        parallel_state.initialize_model_parallel(tp, pp)
+        model = build_gpt_model(hf_config, padded_vocab=vocab, tensor_parallel=tp,
+                                pipeline_parallel=pp, cpu_init=True)
+        load_megatron_state(model, local)  # raises on any missing key or shape mismatch
+        local = weights_of(model)
+        gathered = gather_hf_state(local, shape, layout)
+    else:
+        gathered = gather_hf_state(local, shape, layout, groups=plain_groups(tp, pp))
+    if rank == 0:
+        assert gathered is not None
+        save_file(gathered, out)
+    elif gathered is not None:
+        raise SystemExit(f"rank {rank} got a state dict")
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    m, w, c, t, p, o, i = sys.argv[1:]
+    main(m, w, c, int(t), int(p), o, i)

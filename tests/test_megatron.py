@@ -1,0 +1,204 @@
+"""The Megatron-core backend's weights: HF <-> Megatron conversion and TP/PP shards.
+
+Real torch, real megatron-core (a GPTModel constructed on the CPU, its parallel_state over
+gloo), real processes for the gathers. A GPTModel forward needs CUDA: that part runs in
+tools/device/megatron_check.py on a GPU machine.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from rft_hpc.megatron.convert import (
+    LlamaShape,
+    hf_to_megatron,
+    megatron_to_hf,
+    padded_vocab_size,
+)
+from rft_hpc.megatron.shards import Layout, merge_shards, shard_state
+
+ROOT = Path(__file__).resolve().parents[1]
+WORKER = Path(__file__).with_name("megatron_workers.py")
+
+
+def gqa_config(tied: bool = False) -> LlamaConfig:
+    """A small Llama with grouped-query attention: 8 query heads over 2 key/value heads."""
+    return LlamaConfig(vocab_size=19, hidden_size=64, intermediate_size=96,
+                       num_hidden_layers=4, num_attention_heads=8, num_key_value_heads=2,
+                       max_position_embeddings=64, rms_norm_eps=1e-5,
+                       tie_word_embeddings=tied)
+
+
+def hf_weights(config: LlamaConfig) -> dict[str, torch.Tensor]:
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(config)
+    with torch.no_grad():  # norms start at 1: make them distinct so a mix-up shows
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                p.uniform_(0.5, 1.5)
+    state = model.state_dict()
+    if config.tie_word_embeddings:
+        state.pop("lm_head.weight", None)
+    return state
+
+
+def assert_same(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> None:
+    assert sorted(a) == sorted(b)
+    for key in a:
+        assert a[key].dtype == b[key].dtype, key
+        assert torch.equal(a[key], b[key]), key
+
+
+def test_tiny_model_round_trip_exact(tiny_model: Path) -> None:
+    config = LlamaConfig.from_pretrained(tiny_model)
+    hf = load_file(tiny_model / "model.safetensors")
+    shape = LlamaShape.from_hf(config)
+    for spec in ("local", "te"):
+        mg = hf_to_megatron(hf, shape, spec=spec, padded_vocab=padded_vocab_size(
+            shape.vocab_size, 2))
+        assert mg["embedding.word_embeddings.weight"].shape[0] == 256
+        assert_same(megatron_to_hf(mg, shape, spec=spec), hf)
+
+
+@pytest.mark.parametrize("tied", [False, True])
+def test_gqa_round_trip_exact_and_layout(tied: bool) -> None:
+    config = gqa_config(tied)
+    hf = hf_weights(config)
+    shape = LlamaShape.from_hf(config)
+    mg = hf_to_megatron(hf, shape, padded_vocab=24)
+    assert ("output_layer.weight" in mg) is not tied
+    assert_same(megatron_to_hf(mg, shape), hf)
+
+    # Megatron's grouped layout: group g = its 4 query heads, then key head g, value head g
+    d, qkv = 8, mg["decoder.layers.1.self_attention.linear_qkv.weight"]
+    assert qkv.shape == ((8 + 2 * 2) * d, 64)
+    group1 = qkv[6 * d:12 * d]
+    assert torch.equal(group1[:4 * d], hf["model.layers.1.self_attn.q_proj.weight"][4 * d:])
+    assert torch.equal(group1[4 * d:5 * d], hf["model.layers.1.self_attn.k_proj.weight"][d:])
+    assert torch.equal(group1[5 * d:], hf["model.layers.1.self_attn.v_proj.weight"][d:])
+    fc1 = mg["decoder.layers.1.mlp.linear_fc1.weight"]
+    assert torch.equal(fc1[:96], hf["model.layers.1.mlp.gate_proj.weight"])
+    assert torch.equal(fc1[96:], hf["model.layers.1.mlp.up_proj.weight"])
+    assert torch.equal(mg["decoder.layers.1.pre_mlp_layernorm.weight"],
+                       hf["model.layers.1.post_attention_layernorm.weight"])
+    assert not mg["embedding.word_embeddings.weight"][19:].any()  # padding rows are zero
+
+
+def test_conversion_refuses_unmapped_keys() -> None:
+    config = gqa_config()
+    hf = hf_weights(config)
+    shape = LlamaShape.from_hf(config)
+    with pytest.raises(ValueError, match=r"model\.layers\.9\.extra"):
+        hf_to_megatron({**hf, "model.layers.9.extra": torch.zeros(1)}, shape)
+    mg = hf_to_megatron(hf, shape)
+    del mg["decoder.layers.3.mlp.linear_fc2.weight"]
+    with pytest.raises(KeyError, match=r"decoder\.layers\.3\.mlp\.linear_fc2"):
+        megatron_to_hf(mg, shape)
+
+
+@pytest.mark.parametrize(("tp", "pp", "tied"), [(2, 1, False), (1, 2, True), (2, 2, False),
+                                                (2, 2, True)])
+def test_shards_merge_back_exactly(tp: int, pp: int, tied: bool) -> None:
+    config = gqa_config(tied)
+    shape = LlamaShape.from_hf(config)
+    full = hf_to_megatron(hf_weights(config), shape, padded_vocab=24)
+    layout = Layout(tp, pp, shape.num_layers, tied)
+    shards = shard_state(full, layout)
+    assert len(shards) == tp * pp
+    last = shards[pp - 1, tp - 1]
+    assert ("decoder.layers.2.input_layernorm.weight" in last) is (pp == 1)  # 4 layers / pp
+    assert last["decoder.layers.1.mlp.linear_fc2.weight"].shape == (64, 96 // tp)
+    assert last["decoder.layers.1.self_attention.linear_qkv.weight"].shape == (96 // tp, 64)
+    assert last["output_layer.weight"].shape == (24 // tp, 64)  # tied, pp>1: a copy
+    fc1 = last["decoder.layers.1.mlp.linear_fc1.weight"]  # this rank's gate rows, then up rows
+    layer = f"decoder.layers.{4 - 4 // pp + 1}.mlp.linear_fc1.weight"
+    gate, up = full[layer].chunk(2)
+    assert torch.equal(fc1, torch.cat([gate.chunk(tp)[-1], up.chunk(tp)[-1]]))
+    assert_same(merge_shards(shards, layout), full)
+
+
+def test_conversion_fits_a_real_gptmodel() -> None:
+    """A megatron-core GPTModel built from the HF config has exactly the converted keys and
+    shapes, and loads them."""
+    import torch.distributed as dist
+    from megatron.core import parallel_state
+
+    from rft_hpc.megatron.model import build_gpt_model, load_megatron_state, weights_of
+
+    config = gqa_config()
+    shape = LlamaShape.from_hf(config)
+    mg = hf_to_megatron(hf_weights(config), shape, padded_vocab=24)
+    own = not dist.is_initialized()
+    if own:
+        dist.init_process_group("gloo", init_method="tcp://127.0.0.1:0", rank=0, world_size=1)
+    try:
+        parallel_state.initialize_model_parallel(1, 1)
+        model = build_gpt_model(config, padded_vocab=24, cpu_init=True)
+        real = weights_of(model)
+        assert {k: tuple(v.shape) for k, v in real.items()} == {
+            k: tuple(v.shape) for k, v in mg.items()}
+        load_megatron_state(model, mg)
+        assert_same(weights_of(model), mg)
+    finally:
+        parallel_state.destroy_model_parallel()
+        if own:
+            dist.destroy_process_group()
+
+
+def run_ranks(tmp_path: Path, mode: str, tp: int, pp: int, config: LlamaConfig
+              ) -> dict[str, torch.Tensor]:
+    weights, cfg = tmp_path / "hf.safetensors", tmp_path / "config.json"
+    hf = hf_weights(config)
+    save_file(hf, weights)
+    cfg.write_text(json.dumps(config.to_dict()))
+    out, init = tmp_path / "gathered.safetensors", tmp_path / "init"
+    world = tp * pp
+    procs = []
+    for rank in range(world):
+        env = {**os.environ, "RANK": str(rank), "WORLD_SIZE": str(world),
+               "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
+        procs.append(subprocess.Popen(
+            [sys.executable, str(WORKER), mode, str(weights), str(cfg), str(tp), str(pp),
+             str(out), str(init)], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            text=True))
+    for p in procs:
+        _, err = p.communicate(timeout=240)
+        assert p.returncode == 0, err[-3000:]
+    gathered = load_file(out)
+    assert_same(gathered, hf)
+    return gathered
+
+
+def test_gather_over_gloo_tp2_pp2(tmp_path: Path) -> None:
+    """4 ranks (TP=2 x PP=2), each holding only its shard, rebuild the full HF weights."""
+    run_ranks(tmp_path, "plain", 2, 2, gqa_config())
+
+
+def test_gather_real_gptmodel_tp2(tmp_path: Path) -> None:
+    """2 ranks init megatron-core's parallel_state at TP=2 over gloo, each loads its shard
+    into a real TP=2 GPTModel; gathering the models' state_dict() gives the HF weights."""
+    run_ranks(tmp_path, "megatron", 2, 1, gqa_config())
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal on a CPU machine")
+def test_backend_megatron_without_gpus_is_one_clear_error(tmp_path: Path) -> None:
+    config = tmp_path / "c.yaml"
+    config.write_text(
+        f"run: {{root: {tmp_path / 'runs'}}}\n"
+        f"model: {{path: {tmp_path / 'model'}, init: tiny}}\n"
+        "trainer: {backend: megatron, megatron: {tensor_parallel: 2, pipeline_parallel: 1}}\n")
+    result = subprocess.run([sys.executable, "-m", "rft_hpc.cli", "run", str(config)],
+                            capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert result.returncode != 0
+    assert "Traceback" not in result.stdout + result.stderr
+    assert "trainer.backend megatron needs NVIDIA GPUs" in result.stderr
+    assert not (tmp_path / "runs").exists() and not (tmp_path / "model").exists()
