@@ -1,4 +1,4 @@
-"""The data pipeline in a real `rft-hpc run` (configs/pipeline.yaml, tiny model, 2 explorers),
+"""The data pipeline in a real `rft-hpc run` (configs/pipeline.yaml, tiny model),
 and the human-in-the-loop round trip: export the run's buffer, relabel the rewards in the
 JSONL, import it, train offline on it."""
 
@@ -13,7 +13,9 @@ import pytest
 
 from rft_hpc.buffer.jsonl import iter_segments
 from rft_hpc.buffer.segment import read_segment
+from rft_hpc.config.loader import load_config
 from rft_hpc.monitor.metrics import read_metrics
+from rft_hpc.pipeline.stream import build_task_stream
 
 ROOT = Path(__file__).resolve().parents[1]
 PIPELINE = ROOT / "configs" / "pipeline.yaml"
@@ -62,6 +64,15 @@ def test_pipeline_metrics_shaping_and_filters_in_a_run(stage):
     # the sub set's pass rates are kept per explorer step, beside the committed steps
     lines = (stage / "state" / "pipeline" / "explorer-0.jsonl").read_text().splitlines()
     assert [json.loads(x)["step"] for x in lines] == [0, 1]
+    # each step's tasks are what the stream picks from the pass rates of the steps before it,
+    # as the buffer holds them (raw rewards): state derived from committed data only
+    stream = build_task_stream(load_config(stage / "config.yaml"))
+    for step in range(2):
+        before = [r for r in recs if r.step < step]
+        rates = {t: (float(sum(r.info["raw_reward"] >= 1.0 for r in before if r.task_id == t)),
+                     sum(r.task_id == t for r in before)) for t in {r.task_id for r in before}}
+        picked = [t.task_id for t in stream.tasks_for(step, 0, rates)]
+        assert [r.task_id for r in recs if r.step == step][::8] == picked
     trainer = [r for r in read_metrics(stage / "metrics" / "trainer.jsonl") if "filter/kept" in r]
     assert len(trainer) == 2
     for r in trainer:
