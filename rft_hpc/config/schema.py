@@ -17,6 +17,12 @@ from rft_hpc.buffer.config import BufferConfig
 from rft_hpc.config.algorithm import AlgorithmConfig, AlgorithmType, sync_algorithm_type
 from rft_hpc.config.pipeline import PipelineConfig
 from rft_hpc.config.trainer_backend import TrainerBackendFields
+from rft_hpc.config.workflow import (
+    MultiTurnWorkflow,
+    OverRolloutConfig,
+    SingleTurnWorkflow,
+    WorkflowConfig,
+)
 from rft_hpc.launch.config import LaunchConfig
 from rft_hpc.tasks.config import ArithmeticTasks, TasksConfig
 
@@ -155,6 +161,20 @@ class ExplorerConfig(_Section):
 
     threads: int = Field(1, ge=1)
     """CPU threads of each explorer process (torch intra-op threads)."""
+
+    workflow: WorkflowConfig = Field(default_factory=SingleTurnWorkflow)
+    """How a task becomes rollouts: `single_turn` (prompt -> response -> reward) or
+    `multi_turn` (turns with an environment; docs/multi-turn.md)."""
+
+    over_rollout: OverRolloutConfig = Field(default_factory=OverRolloutConfig)
+    """Closing a step once most of its tasks are done (multi-turn workflows only)."""
+
+    @model_validator(mode="after")
+    def _over_rollout_needs_tasks_in_flight(self) -> ExplorerConfig:
+        if self.over_rollout.ratio < 1.0 and not isinstance(self.workflow, MultiTurnWorkflow):
+            raise ValueError("over_rollout.ratio < 1 needs workflow type multi_turn (a "
+                             "single-turn step is one batched generation)")
+        return self
 
     def records_per_step(self) -> int:
         """Records all explorers together write per explorer step."""

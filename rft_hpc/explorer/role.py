@@ -17,6 +17,8 @@ from rft_hpc.buffer.writer import SegmentWriter
 from rft_hpc.config import ExperimentConfig
 from rft_hpc.engines import build_engine
 from rft_hpc.engines.hf import HFEngine
+from rft_hpc.explorer.multiturn import SerialEngine, TurnSettings
+from rft_hpc.explorer.overrollout import MultiTurnExplorer
 from rft_hpc.explorer.workflow import SamplingSettings, explore_tasks
 from rft_hpc.ledger import LedgerWriter
 from rft_hpc.monitor.metrics import MetricsWriter
@@ -69,6 +71,11 @@ def run_explorer(stage_dir: Path, index: int) -> int:
     pipeline = ExplorerPipeline(config, run, index, committed_step=writer.next_step)
     engine = build_engine(config)
     load_start_weights(engine, config)
+    multi_turn = None
+    if cfg.workflow.type == "multi_turn":  # tasks run in threads: one engine call at a time
+        engine = SerialEngine(engine)
+        multi_turn = MultiTurnExplorer(engine, cfg.workflow, TurnSettings(
+            cfg.repeat, cfg.max_new_tokens, cfg.temperature), cfg.over_rollout)
     clock = JobClock(config.launch.slurm.walltime_margin)
     follower = WeightFollower(run, engine, stop, clock, build_receiver(config, run, index))
     settings = SamplingSettings(cfg.repeat, cfg.max_new_tokens, cfg.temperature)
@@ -89,9 +96,14 @@ def run_explorer(stage_dir: Path, index: int) -> int:
             t0 = time.monotonic()
             tasks = pipeline.tasks_for(step)
             first_group = (step * cfg.count + index) * cfg.tasks_per_step
-            experiences, values = explore_tasks(
-                engine, tasks, settings, first_group_id=first_group, step=step,
-                seed=step_seed(config.run.seed, step, index))
+            if multi_turn is not None:
+                experiences, values = multi_turn.run_step(
+                    tasks, first_group_id=first_group, step=step,
+                    seed=step_seed(config.run.seed, step, index), last=step + 1 >= total)
+            else:
+                experiences, values = explore_tasks(
+                    engine, tasks, settings, first_group_id=first_group, step=step,
+                    seed=step_seed(config.run.seed, step, index))
             values.update(pipeline.process(step, experiences))
             writer.write_step(step, experiences)
             seconds = time.monotonic() - t0
@@ -113,6 +125,8 @@ def run_explorer(stage_dir: Path, index: int) -> int:
         follower.close()
         raise
     finally:
+        if multi_turn is not None:  # carried stragglers die with the process (documented)
+            multi_turn.close()
         metrics.close()
         ledger.close()
         pipeline.close()

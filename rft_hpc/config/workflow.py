@@ -1,0 +1,68 @@
+"""Configuration of the explorer's workflow (single- or multi-turn) and of over-rollout.
+
+Names follow Trinity-RFT where it has the same knob (`max_timeout`, `max_retry_times`,
+over-rollout). docs/multi-turn.md explains the semantics.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
+
+
+class SingleTurnWorkflow(_Strict):
+    """One response per rollout, scored by the task's reward function (the default)."""
+
+    type: Literal["single_turn"] = "single_turn"
+    """Selects the single-turn workflow: prompt -> response -> reward."""
+
+
+class MultiTurnWorkflow(_Strict):
+    """Rollouts that talk with an environment: the policy's turns alternate with the
+    environment's observations (which are in the sequence but never trained on)."""
+
+    type: Literal["multi_turn"] = "multi_turn"
+    """Selects the multi-turn workflow (Trinity-RFT's `MultiTurnWorkflow`)."""
+
+    env: str = "guess"
+    """Environment: a registered name (`guess`: a number-guessing game with `+`/`-`/`=`
+    feedback) or `package.module:Class` with `reset(task, seed)` and `step(action)`."""
+
+    env_args: dict[str, Any] = Field(default_factory=dict)
+    """Keyword arguments of the environment's constructor."""
+
+    max_turns: int = Field(4, ge=1)
+    """Policy turns per trajectory at most; each turn generates up to
+    `explorer.max_new_tokens` tokens."""
+
+    max_timeout: float = Field(60.0, gt=0.0)
+    """Seconds the environment calls (reset, step) of one task attempt may take together,
+    model generation not counted; past it the task's worker process is killed and the
+    attempt fails as a timeout. Starting the worker and building its environments has a
+    budget of its own of the same length."""
+
+    max_retry_times: int = Field(1, ge=0)
+    """Attempts after the first for a task whose environment raised, died or timed out;
+    a task that fails every attempt is dropped (no records) and counted in the metrics."""
+
+
+WorkflowConfig = Annotated[SingleTurnWorkflow | MultiTurnWorkflow, Field(discriminator="type")]
+"""How an explorer turns a task into scored rollouts."""
+
+
+class OverRolloutConfig(_Strict):
+    """Closing an explorer step before its slowest tasks are done (multi-turn workflows)."""
+
+    ratio: float = Field(1.0, gt=0.0, le=1.0)
+    """Fraction of the step's tasks (new ones and those carried into it) whose completion
+    closes the step; 1.0 waits for every task (over-rollout off)."""
+
+    stragglers: Literal["drop", "carry"] = "drop"
+    """Tasks still running when the step closes: `drop` cancels them (no records), `carry`
+    lets them run on and writes their records in the step during which they finish.
+    Stragglers still running at the last step, or when the explorer stops, are dropped."""

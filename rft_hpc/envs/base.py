@@ -1,0 +1,76 @@
+"""The environment interface of multi-turn workflows, and the lookup of environments by name.
+
+An environment is a plain class: `reset(task, seed)` returns the first observation (the
+prompt the policy sees), `step(action)` takes the policy's response text and returns the next
+observation, the reward of that turn and whether the episode is over. Observations are text;
+the explorer tokenizes them and never trains on them (action mask 0).
+
+`explorer.workflow.env` names one: a registered name (`guess`) or `package.module:Class`.
+Environments run in worker processes (`rft_hpc.envs.worker`), so a class and its
+`env_args` must be importable and picklable there.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from rft_hpc.plugins import resolve
+from rft_hpc.tasks.task import Task
+
+
+@dataclass(frozen=True)
+class StepResult:
+    """What the environment answers to one action."""
+
+    observation: str
+    """Text appended to the conversation after the action (feedback); may be empty."""
+    reward: float
+    """Reward of this turn; a trajectory's reward is the sum over its turns."""
+    done: bool
+    """True when the episode is over (no more turns)."""
+
+
+class Environment(ABC):
+    """One episode at a time: `reset` starts it, `step` plays one turn."""
+
+    @abstractmethod
+    def reset(self, task: Task, seed: int) -> str:
+        """Start an episode for `task`; returns the first observation (the prompt)."""
+
+    @abstractmethod
+    def step(self, action: str) -> StepResult:
+        """Apply the policy's response `action`; returns feedback, reward and done."""
+
+
+ENVIRONMENTS: dict[str, Callable[..., Environment]] = {}
+"""Registered environment classes by name."""
+
+
+def build_env(name: str, args: dict[str, Any]) -> Environment:
+    """An environment instance of `name` (registered or `package.module:Class`) with `args`.
+
+    An unknown name or a class refusing `args` raises `UserError` naming
+    `explorer.workflow.env`.
+    """
+    from rft_hpc.errors import UserError
+
+    _register_builtins()
+    factory = resolve(name, ENVIRONMENTS, "explorer.workflow.env")
+    try:
+        env = factory(**args)
+    except TypeError as exc:
+        raise UserError(f"explorer.workflow.env {name!r} refuses env_args {args}: {exc}") \
+            from exc
+    if not callable(getattr(env, "reset", None)) or not callable(getattr(env, "step", None)):
+        raise UserError(f"explorer.workflow.env {name!r} has no reset/step methods")
+    return env
+
+
+def _register_builtins() -> None:
+    if not ENVIRONMENTS:
+        from rft_hpc.envs.guess import GuessEnv
+
+        ENVIRONMENTS["guess"] = GuessEnv

@@ -1,0 +1,192 @@
+"""Multi-turn rollouts: the policy and an environment take turns, one trajectory per record.
+
+The sequence of a trajectory is the first observation (the prompt), then each policy turn
+(mask 1, with its rollout log-probs) followed by the environment's feedback (mask 0, log-prob
+0: the action mask), up to `max_turns` turns or until the environment says done. Its reward
+is the sum of the turns' rewards. A task plays `repeat` trajectories (its GRPO group) against
+`repeat` environments in one worker process (`rft_hpc.envs.worker`); a failed attempt (the
+environment raised, died, or overran `max_timeout`) is retried up to `max_retry_times`
+times from scratch, then the task is given up: no records, counted in the metrics.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from rft_hpc.buffer.records import Experience
+from rft_hpc.config.workflow import MultiTurnWorkflow
+from rft_hpc.envs.worker import Cancelled, EnvError, EnvTimeout, EnvWorker
+from rft_hpc.tasks.task import Task
+
+
+class SerialEngine:
+    """An engine shared by the task threads: one generation or weight load at a time."""
+
+    def __init__(self, engine: Any) -> None:
+        self._engine = engine
+        self._lock = threading.Lock()
+
+    def generate(self, *args: Any, **kwargs: Any) -> Any:
+        """The engine's `generate`, alone."""
+        with self._lock:
+            return self._engine.generate(*args, **kwargs)
+
+    def load_weights(self, *args: Any, **kwargs: Any) -> None:
+        """The engine's `load_weights`, never during a generation."""
+        with self._lock:
+            self._engine.load_weights(*args, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._engine, name)
+
+
+@dataclass(frozen=True)
+class TurnSettings:
+    """Sampling of each policy turn."""
+
+    repeat: int
+    max_new_tokens: int
+    temperature: float
+
+
+@dataclass
+class TaskOutcome:
+    """What became of one task: its records (none when it failed) and what went wrong."""
+
+    experiences: list[Experience] = field(default_factory=list)
+    status: str = "ok"
+    """`ok`, `error` (every attempt raised/died), `timeout` (the last attempt overran) or
+    `cancelled` (dropped straggler)."""
+    errors: int = 0
+    timeouts: int = 0
+    retries: int = 0
+    message: str = ""
+
+
+@dataclass
+class _Trajectory:
+    tokens: list[int]
+    mask: list[int]
+    logprobs: list[float]
+    prompt_length: int
+    version: int
+    reward: float = 0.0
+    turns: int = 0
+    done: bool = False
+    actions: list[str] = field(default_factory=list)
+
+    def add(self, tokens: Sequence[int], mask: int, logprobs: Sequence[float] | None) -> None:
+        self.tokens.extend(tokens)
+        self.mask.extend([mask] * len(tokens))
+        self.logprobs.extend(logprobs if logprobs is not None else [0.0] * len(tokens))
+
+
+def _seed(*parts: int) -> int:
+    return int(np.random.SeedSequence(list(parts)).generate_state(1)[0])
+
+
+class _Budget:
+    """The environment time an attempt has left."""
+
+    def __init__(self, seconds: float) -> None:
+        self.left = seconds
+
+    def call(self, worker: EnvWorker, method: str, index: int, *args: Any,
+             cancel: threading.Event) -> Any:
+        t0 = time.monotonic()
+        try:
+            return worker.call(method, index, *args, timeout=max(self.left, 1e-3), cancel=cancel)
+        finally:
+            self.left -= time.monotonic() - t0
+
+
+def run_task(engine: Any, task: Task, workflow: MultiTurnWorkflow, turn: TurnSettings, *,
+             group_id: int, step: int, seed: int, cancel: threading.Event) -> TaskOutcome:
+    """Play `turn.repeat` trajectories of `task`, retrying failed attempts; never raises for
+    an environment's fault (see `TaskOutcome.status`)."""
+    outcome = TaskOutcome()
+    for attempt in range(workflow.max_retry_times + 1):
+        outcome.retries = attempt
+        worker = EnvWorker(workflow.env, workflow.env_args, turn.repeat)
+        killed = True
+        try:
+            trajectories = _play(engine, worker, task, workflow, turn,
+                                 seed=_seed(seed, attempt), cancel=cancel)
+            killed = False
+        except Cancelled:
+            outcome.status = "cancelled"
+            return outcome
+        except EnvTimeout as exc:
+            outcome.timeouts += 1
+            outcome.status, outcome.message = "timeout", str(exc)
+            continue
+        except EnvError as exc:
+            outcome.errors += 1
+            outcome.status, outcome.message = "error", str(exc)
+            continue
+        finally:
+            worker.close(kill=killed)
+        outcome.status = "ok"
+        outcome.experiences = [_experience(t, task, group_id, step, attempt)
+                               for t in trajectories]
+        return outcome
+    return outcome
+
+
+def _play(engine: Any, worker: EnvWorker, task: Task, workflow: MultiTurnWorkflow,
+          turn: TurnSettings, *, seed: int, cancel: threading.Event) -> list[_Trajectory]:
+    # Starting the worker is not the environment's time (it is slow on a loaded node), but
+    # a constructor that hangs must not block either: it gets a budget of its own.
+    worker.wait_started(workflow.max_timeout, cancel)
+    budget = _Budget(workflow.max_timeout)
+    trajectories = []
+    for i in range(turn.repeat):
+        prompt = engine.encode(str(budget.call(worker, "reset", i, task, _seed(seed, i),
+                                               cancel=cancel)))
+        trajectories.append(_Trajectory(list(prompt), [0] * len(prompt), [0.0] * len(prompt),
+                                        len(prompt), engine.version))
+    active = list(range(turn.repeat))
+    for t in range(workflow.max_turns):
+        if cancel.is_set():
+            raise Cancelled
+        groups = engine.generate([trajectories[i].tokens for i in active], n=1,
+                                 max_new_tokens=turn.max_new_tokens,
+                                 temperature=turn.temperature, seed=_seed(seed, 1 << 20, t))
+        for i, (completion,) in zip(active, groups, strict=True):
+            traj = trajectories[i]
+            traj.add(completion.tokens, 1, completion.logprobs)
+            traj.actions.append(completion.text)
+            observation, reward, done = budget.call(worker, "step", i, completion.text,
+                                                    cancel=cancel)
+            traj.reward += reward
+            traj.turns += 1
+            traj.done = done
+            if not done and t + 1 < workflow.max_turns and observation:
+                traj.add(_plain_tokens(engine, observation), 0, None)
+        active = [i for i in active if not trajectories[i].done]
+        if not active:
+            break
+    return trajectories
+
+
+def _plain_tokens(engine: Any, text: str) -> list[int]:
+    """Token ids of an observation, without the BOS/EOS a prompt gets."""
+    return list(engine.tokenizer(text, add_special_tokens=False)["input_ids"])
+
+
+def _experience(traj: _Trajectory, task: Task, group_id: int, step: int,
+                attempt: int) -> Experience:
+    return Experience(
+        tokens=np.asarray(traj.tokens, np.int32), prompt_length=traj.prompt_length,
+        response_mask=np.asarray(traj.mask, np.uint8),
+        logprobs=np.asarray(traj.logprobs, np.float32), reward=float(traj.reward),
+        task_id=task.task_id, group_id=group_id, taskset=task.taskset,
+        policy_version=traj.version, step=step,
+        info={"turns": traj.turns, "done": traj.done, "actions": traj.actions,
+              "attempt": attempt, "finished": traj.done})

@@ -1,0 +1,131 @@
+"""Explorer steps of concurrent multi-turn tasks, closed early by over-rollout.
+
+Each task runs in a thread of its own (generation is serialized by `SerialEngine`; the
+environments run in worker processes), so a slow task holds only itself. A step closes once
+`ceil(ratio x in-flight tasks)` of the tasks running in it are done; the tasks still running
+(stragglers) are dropped (cancelled: their environment workers are killed, no records) or
+carried: they run on and their records go into the step during which they finish. Records
+are written in the order of the tasks' stream positions, so with ratio 1 a step's records
+are the same after any restart. Carried stragglers live only in this process: an explorer
+that restarts has none, and the tasks that were in flight are lost (docs/multi-turn.md).
+"""
+
+from __future__ import annotations
+
+import math
+import queue
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from rft_hpc.buffer.records import Experience
+from rft_hpc.config.workflow import MultiTurnWorkflow, OverRolloutConfig
+from rft_hpc.explorer.multiturn import TaskOutcome, TurnSettings, run_task
+from rft_hpc.tasks.task import Task
+
+
+@dataclass
+class _Running:
+    task: Task
+    group_id: int
+    started: int
+    cancel: threading.Event = field(default_factory=threading.Event)
+    outcome: TaskOutcome | None = None
+
+
+class MultiTurnExplorer:
+    """Runs the tasks of each explorer step concurrently; see the module docstring."""
+
+    def __init__(self, engine: Any, workflow: MultiTurnWorkflow, turn: TurnSettings,
+                 over_rollout: OverRolloutConfig) -> None:
+        self.engine, self.workflow, self.turn = engine, workflow, turn
+        self.over_rollout = over_rollout
+        self._in_flight: list[_Running] = []
+        self._done: queue.Queue[_Running] = queue.Queue()
+
+    @property
+    def in_flight(self) -> int:
+        """Tasks still running (carried stragglers between steps)."""
+        return len(self._in_flight)
+
+    def _start(self, running: _Running, step: int, seed: int) -> None:
+        def work() -> None:
+            try:
+                running.outcome = run_task(self.engine, running.task, self.workflow, self.turn,
+                                           group_id=running.group_id, step=step, seed=seed,
+                                           cancel=running.cancel)
+            except BaseException as exc:  # the step reports it, not the thread
+                running.outcome = TaskOutcome(status="crash", message=repr(exc))
+            self._done.put(running)
+
+        threading.Thread(target=work, name=f"task-{running.group_id}", daemon=True).start()
+
+    def run_step(self, tasks: Sequence[Task], *, first_group_id: int, step: int, seed: int,
+                 last: bool = False) -> tuple[list[Experience], dict[str, float]]:
+        """Start `tasks` (group ids `first_group_id + index`), wait for enough of the tasks
+        in flight, and return the finished tasks' records with the step's metrics.
+
+        A task that crashed the explorer's own code (not its environment) raises here.
+        """
+        for j, task in enumerate(tasks):
+            running = _Running(task, first_group_id + j, step)
+            self._in_flight.append(running)
+            self._start(running, step, seed + j)
+        need = math.ceil(self.over_rollout.ratio * len(self._in_flight) - 1e-9)
+        finished: list[_Running] = []
+        while len(finished) < need or not self._done.empty():
+            running = self._done.get()
+            if not running.cancel.is_set():
+                finished.append(running)
+        ids = {id(r) for r in finished}
+        stragglers = [r for r in self._in_flight if id(r) not in ids]
+        drop = self.over_rollout.stragglers == "drop" or last
+        for r in stragglers if drop else []:
+            r.cancel.set()
+        self._in_flight = [] if drop else stragglers
+        return self._collect(finished, step, dropped=len(stragglers) if drop else 0,
+                             carried=0 if drop else len(stragglers))
+
+    def _collect(self, finished: list[_Running], step: int, *, dropped: int,
+                 carried: int) -> tuple[list[Experience], dict[str, float]]:
+        finished.sort(key=lambda r: (r.started, r.group_id))
+        crashed = [r for r in finished if r.outcome is not None and r.outcome.status == "crash"]
+        if crashed:
+            raise RuntimeError(f"task {crashed[0].task.task_id} crashed the explorer: "
+                               f"{crashed[0].outcome.message}")  # type: ignore[union-attr]
+        outcomes = [r.outcome for r in finished if r.outcome is not None]
+        experiences: list[Experience] = []
+        for r in finished:
+            for e in r.outcome.experiences if r.outcome else []:
+                e.step = step
+                if r.started != step:
+                    e.info["carried_from"] = r.started
+                experiences.append(e)
+        metrics: dict[str, float] = {
+            "tasks_finished": float(sum(o.status == "ok" for o in outcomes)),
+            "over_rollout/dropped": float(dropped),
+            "over_rollout/carried": float(carried),
+            "over_rollout/carried_in": float(sum(r.started != step for r in finished)),
+            "env/errors": float(sum(o.errors for o in outcomes)),
+            "env/timeouts": float(sum(o.timeouts for o in outcomes)),
+            "env/retries": float(sum(o.retries for o in outcomes)),
+            "env/failed_tasks": float(sum(o.status in ("error", "timeout") for o in outcomes)),
+        }
+        if experiences:
+            rewards = np.array([e.reward for e in experiences], dtype=np.float64)
+            metrics.update(
+                reward_mean=float(rewards.mean()), reward_std=float(rewards.std()),
+                response_length=float(np.mean([int(e.response_mask.sum())
+                                               for e in experiences])),
+                turns=float(np.mean([e.info["turns"] for e in experiences])),
+                finished=float(np.mean([e.info["done"] for e in experiences])))
+        return experiences, metrics
+
+    def close(self) -> None:
+        """Cancel every task still running (their workers are killed within ~50 ms)."""
+        for r in self._in_flight:
+            r.cancel.set()
+        self._in_flight = []
