@@ -38,14 +38,18 @@ def gqa_config(tied: bool = False) -> LlamaConfig:
                        tie_word_embeddings=tied)
 
 
-def hf_weights(config: LlamaConfig) -> dict[str, torch.Tensor]:
+def hf_model(config: LlamaConfig) -> LlamaForCausalLM:
     torch.manual_seed(0)
-    model = LlamaForCausalLM(config)
+    model = LlamaForCausalLM(config).eval()
     with torch.no_grad():  # norms start at 1: make them distinct so a mix-up shows
         for name, p in model.named_parameters():
             if "norm" in name:
                 p.uniform_(0.5, 1.5)
-    state = model.state_dict()
+    return model
+
+
+def hf_weights(config: LlamaConfig) -> dict[str, torch.Tensor]:
+    state = hf_model(config).state_dict()
     if config.tie_word_embeddings:
         state.pop("lm_head.weight", None)
     return state
@@ -128,30 +132,74 @@ def test_shards_merge_back_exactly(tp: int, pp: int, tied: bool) -> None:
 
 def test_conversion_fits_a_real_gptmodel() -> None:
     """A megatron-core GPTModel built from the HF config has exactly the converted keys and
-    shapes, and loads them."""
+    shapes, loads them, and its modules then compute what the HF modules compute. (The full
+    forward needs CUDA: megatron-core's RoPE cache and attention buffers are CUDA-only; that
+    runs in tools/device/megatron_check.py.)"""
     import torch.distributed as dist
     from megatron.core import parallel_state
 
     from rft_hpc.megatron.model import build_gpt_model, load_megatron_state, weights_of
 
     config = gqa_config()
+    hf = hf_model(config)
     shape = LlamaShape.from_hf(config)
-    mg = hf_to_megatron(hf_weights(config), shape, padded_vocab=24)
+    mg = hf_to_megatron(hf.state_dict(), shape, padded_vocab=24)
     own = not dist.is_initialized()
     if own:
         dist.init_process_group("gloo", init_method="tcp://127.0.0.1:0", rank=0, world_size=1)
     try:
         parallel_state.initialize_model_parallel(1, 1)
-        model = build_gpt_model(config, padded_vocab=24, cpu_init=True)
+        model = build_gpt_model(config, padded_vocab=24, cpu_init=True).eval()
         real = weights_of(model)
         assert {k: tuple(v.shape) for k, v in real.items()} == {
             k: tuple(v.shape) for k, v in mg.items()}
         load_megatron_state(model, mg)
         assert_same(weights_of(model), mg)
+        with torch.no_grad():
+            assert_modules_compute_like_hf(model, hf)
     finally:
         parallel_state.destroy_model_parallel()
         if own:
             dist.destroy_process_group()
+
+
+def assert_modules_compute_like_hf(model: torch.nn.Module, hf: LlamaForCausalLM) -> None:
+    """Megatron's own forward code of each converted piece (sequence-first tensors) against
+    the HF module: the grouped QKV split, SwiGLU MLP, norms, embedding, output layer and
+    the rotary embedding's convention."""
+    from megatron.core.models.common.embeddings.rope_utils import apply_rotary_pos_emb
+
+    s, b = 5, 3
+    torch.manual_seed(1)
+    x = torch.randn(s, b, 64)
+    ids = torch.randint(0, 19, (b, s))
+    for i in range(2):
+        layer, ref = model.decoder.layers[i], hf.model.layers[i]
+        q, k, v = layer.self_attention.get_query_key_value_tensors(x)[:3]
+        attn = ref.self_attn
+        assert torch.equal(q, attn.q_proj(x).view(s, b, 8, 8))
+        assert torch.equal(k, attn.k_proj(x).view(s, b, 2, 8))
+        assert torch.equal(v, attn.v_proj(x).view(s, b, 2, 8))
+        assert torch.equal(layer.mlp(x)[0], ref.mlp(x))
+        assert torch.equal(layer.input_layernorm(x), ref.input_layernorm(x))
+        assert torch.equal(layer.pre_mlp_layernorm(x), ref.post_attention_layernorm(x))
+        assert torch.allclose(layer.self_attention.linear_proj(x)[0], attn.o_proj(x))
+    assert torch.equal(model.decoder.final_layernorm(x), hf.model.norm(x))
+    assert torch.equal(model.embedding(ids, None), hf.model.embed_tokens(ids).transpose(0, 1))
+    assert torch.equal(model.output_layer(x)[0][..., :19], hf.lm_head(x))
+
+    # RoPE: Megatron's table (its inv_freq, rotate-half layout) applied by Megatron's code
+    # equals HF's rotation of the same q: no permutation of q/k rows is needed
+    inv = model.rotary_pos_emb.inv_freq
+    freqs = torch.outer(torch.arange(s, dtype=inv.dtype), inv)
+    table = torch.cat([freqs, freqs], dim=-1)[:, None, None, :]
+    rotated = apply_rotary_pos_emb(q, table, config=model.config)
+    from transformers.models.llama.modeling_llama import apply_rotary_pos_emb as hf_rope
+
+    cos, sin = hf.model.rotary_emb(x.transpose(0, 1), torch.arange(s)[None].expand(b, s))
+    want, _ = hf_rope(q.permute(1, 2, 0, 3), q.permute(1, 2, 0, 3), cos, sin)
+    assert torch.allclose(rotated, want.permute(2, 0, 1, 3), atol=1e-6)
+    assert not torch.allclose(rotated, q, atol=1e-3)  # the rotation did something
 
 
 def run_ranks(tmp_path: Path, mode: str, tp: int, pp: int, config: LlamaConfig
