@@ -230,3 +230,24 @@ def test_bad_pipeline_configs_are_refused(tmp_path):
     with pytest.raises(ConfigError, match="experience_filters: give operators of the same "
                        "type different `name`s"):
         load_config(f)
+
+
+def test_example_config_validates_and_a_stage_overrides_the_pipeline():
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    result = subprocess.run([sys.executable, "-m", "rft_hpc.cli", "validate",
+                             "configs/pipeline.yaml"], capture_output=True, text=True, cwd=root)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == ("OK: configs/pipeline.yaml (mode=both, 2 explorer(s), "
+                                     "trainer grpo)")
+    cfg = ExperimentConfig.model_validate({
+        "pipeline": {"experience_filters": [{"type": "duplicate_filter"}]},
+        "stages": [{"name": "a"}, {"name": "b", "pipeline": {
+            "task_selector": {"type": "sequential"}}}]})
+    (_, a), (_, b) = cfg.stage_configs()
+    assert isinstance(a.pipeline.task_selector, ShuffleSelector)
+    assert isinstance(b.pipeline.task_selector, SequentialSelector)
+    assert [f.type for f in b.pipeline.experience_filters] == ["duplicate_filter"]

@@ -197,7 +197,8 @@ class PipelineConfig(_Strict):
 
     tasksets: list[TaskSetConfig] = Field(default_factory=list)
     """Task sets mixed by weight for the explorers (Trinity-RFT's `tasksets`); empty: the
-    top-level `tasks` alone. Held-out evaluation stays on `tasks`' eval split."""
+    top-level `tasks` alone. Held-out evaluation stays on `tasks`' eval split. Each entry:
+    `name`, `weight`, `tasks`, `task_selector` (docs/pipeline.md)."""
 
     pass_threshold: float = 1.0
     """A rollout passes when its reward (before shaping) is at least this: pass rates of the
@@ -205,11 +206,13 @@ class PipelineConfig(_Strict):
 
     reward_shaping: list[ShaperConfig] = Field(default_factory=list)
     """Changes to each rollout's reward, applied in order by the explorer before it writes
-    the records (the reward before shaping stays in the record's info as `raw_reward`)."""
+    the records (the reward before shaping stays in the record's info as `raw_reward`).
+    Types `format_reward`, `length_penalty`; their keys: docs/pipeline.md."""
 
     experience_filters: list[FilterConfig] = Field(default_factory=list)
     """Records the trainer drops from each batch before its step, in order (dropped records
-    count as consumed)."""
+    count as consumed). Types `reward_std_filter`, `response_length_filter`,
+    `duplicate_filter`; their keys: docs/pipeline.md."""
 
     @model_validator(mode="after")
     def _unique_names(self) -> PipelineConfig:
