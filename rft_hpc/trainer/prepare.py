@@ -71,7 +71,7 @@ def _experience_view(tb: TokenBatch, records: Sequence[Record], rows: torch.Tens
 class BatchPreparer:
     """Rank 0's whole-batch computations for one algorithm (see the module doc)."""
 
-    def __init__(self, plan: AlgorithmPlan, policy: torch.nn.Module,
+    def __init__(self, plan: AlgorithmPlan, policy: torch.nn.Module | None,
                  reference: torch.nn.Module | None, critic: ValueHeadModel | None,
                  temperature: float, pad_id: int, device: torch.device) -> None:
         self.plan, self.policy, self.reference, self.critic = plan, policy, reference, critic
@@ -125,6 +125,10 @@ class BatchPreparer:
             ref = token_logprobs(self.reference, dev, self.temperature).cpu()
             old = sub.old_logprobs
             if sub.has_old_logprobs is not None and not bool(sub.has_old_logprobs.all()):
+                if self.policy is None:  # sharded (FSDP): rank 0 cannot run it alone
+                    raise UserError("a KL penalty in the reward needs rollout log-probs under "
+                                    "trainer.parallel fsdp; records without them were read "
+                                    "(use trainer.parallel: ddp)")
                 old = old_logprobs(sub, token_logprobs(self.policy, dev, self.temperature).cpu())
             penalty = kl_reward_penalty(old, ref, mask, plan.kl_penalty, plan.kl_penalty_coef)
             fields["kl_penalty"] = penalty

@@ -10,7 +10,10 @@ With several ranks (`rft_hpc.trainer.distributed`) rank 0 runs the loop above an
 other ranks, before each step, whether a batch follows (`batch`), nothing yet (`wait`, sent
 while it waits for data so that no rank sits in a collective for long) or the end (`stop`:
 steps done, no more data, or a stop signal). The other ranks only follow: they take part in
-each step and return when told to stop.
+each step and return when told to stop. Under FSDP (`trainer.parallel: fsdp`) the full
+weights exist only when every rank gathers them, so rank 0 also asks for `weights` (before
+it publishes or evaluates) and `checkpoint` (before it saves), and sends `stop` only after
+its final save and publish.
 """
 
 from __future__ import annotations
@@ -115,11 +118,16 @@ def _follow(trainer: Trainer, step: int) -> int:
         if kind == "batch":
             trainer.step(None)
             step += 1
+        elif kind == "weights":
+            trainer.full_state_dict()
+        elif kind == "checkpoint":
+            trainer.checkpoint_parts()
 
 
 def _restore(trainer: Trainer, run: RunDir, chash: str) -> TrainerState | None:
     """Load the latest checkpoint on every rank; the ranks must agree on its step."""
-    saved = load_trainer_state(run.ckpt, trainer.model, trainer.optimizer, trainer.scheduler,
+    model, optimizer = trainer.restore_parts()
+    saved = load_trainer_state(run.ckpt, model, optimizer, trainer.scheduler,
                                config_hash=chash, modules=trainer.checkpoint_modules())
     step = saved.step if saved else 0
     lead = broadcast_object(step, trainer.dist)
@@ -158,6 +166,15 @@ def _lead(trainer: Trainer, run: RunDir, stop: StopFlag, saved: TrainerState | N
 
     waiting_since: list[float] = []  # when the current wait for data began
 
+    def weights() -> dict[str, Any]:
+        """The full weights (under FSDP gathered from every rank)."""
+        if trainer.sharded:
+            followers.send("weights")
+        return trainer.full_state_dict()
+
+    def accuracy() -> float:
+        return trainer.accuracy(eval_tasks, weights() if trainer.sharded else None)
+
     def idle() -> None:
         followers.keepalive()
         if not clock.next_step_fits():
@@ -165,7 +182,7 @@ def _lead(trainer: Trainer, run: RunDir, stop: StopFlag, saved: TrainerState | N
         if not waiting_since:
             waiting_since.append(time.monotonic())
         elif time.monotonic() - waiting_since[0] >= config.sync.idle_publish and step:
-            publisher.write_files(trainer.model.state_dict(), step)
+            publisher.write_files(weights(), step)
 
     step = saved.step if saved else 0
     reader = BufferReader(run.buffer, config.buffer, state=saved.cursor if saved else None,
@@ -178,7 +195,7 @@ def _lead(trainer: Trainer, run: RunDir, stop: StopFlag, saved: TrainerState | N
     _, eval_tasks = build_tasks(config.tasks, config.run.seed)
     last_eval = last_saved = -1 if saved is None else step
     if step == 0 and eval_tasks:
-        metrics.log(0, {"eval_accuracy": trainer.accuracy(eval_tasks)})
+        metrics.log(0, {"eval_accuracy": accuracy()})
         last_eval = 0
 
     # versions an evaluator scores later are published even in mode train, and never pruned
@@ -188,7 +205,10 @@ def _lead(trainer: Trainer, run: RunDir, stop: StopFlag, saved: TrainerState | N
 
     def save() -> None:
         t0 = time.monotonic()
-        save_trainer_state(run.ckpt, step, model=trainer.model, optimizer=trainer.optimizer,
+        if trainer.sharded:
+            followers.send("checkpoint")
+        model, optimizer = trainer.checkpoint_parts()
+        save_trainer_state(run.ckpt, step, model=model, optimizer=optimizer,
                            scheduler=trainer.scheduler, cursor=cursor,
                            extra={"last_eval": last_eval}, config_hash=chash,
                            keep=tcfg.keep_checkpoints, modules=trainer.checkpoint_modules())
@@ -221,13 +241,13 @@ def _lead(trainer: Trainer, run: RunDir, stop: StopFlag, saved: TrainerState | N
             cursor = reader.state_dict()
             published = None
             if config.mode == "both" and step % config.sync.interval == 0:
-                values.update(publisher.publish(trainer.model.state_dict(), step))
+                values.update(publisher.publish(weights(), step))
                 published = step
             if step in scored:
-                publisher.write_files(trainer.model.state_dict(), step)
+                publisher.write_files(weights(), step)
                 published = step
             if config.eval.interval and step % config.eval.interval == 0 and eval_tasks:
-                values["eval_accuracy"] = trainer.accuracy(eval_tasks)
+                values["eval_accuracy"] = accuracy()
                 last_eval = step
             clock.observe_step(time.monotonic() - t1)
             values.update(seconds=time.monotonic() - t0, wait_seconds=t1 - t0,
@@ -242,14 +262,17 @@ def _lead(trainer: Trainer, run: RunDir, stop: StopFlag, saved: TrainerState | N
             beat("running", backlog=reader.pending)
             if not clock.next_step_fits():
                 stop.out_of_time()
-        followers.send("stop")
+        if not trainer.sharded:
+            followers.send("stop")
         if last_saved != step:
             save()
         done = step >= tcfg.steps or exhausted
         if done:
-            publisher.write_files(trainer.model.state_dict(), step)
+            publisher.write_files(weights(), step)
             if eval_tasks and last_eval != step:
-                metrics.log(step, {"eval_accuracy": trainer.accuracy(eval_tasks)})
+                metrics.log(step, {"eval_accuracy": accuracy()})
+        if trainer.sharded:  # the others took part in the final save and publish
+            followers.send("stop")
         ledger.append("stop", step=step, reason="done" if done else stop.reason)
     finally:
         metrics.close()

@@ -11,9 +11,11 @@ step.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import hashlib
 import json
+import logging
 from typing import Any
 
 import torch
@@ -30,6 +32,7 @@ from rft_hpc.algorithms import (
 from rft_hpc.buffer.reader import Batch
 from rft_hpc.config import ExperimentConfig
 from rft_hpc.engines.hf import HFEngine, load_policy
+from rft_hpc.errors import UserError
 from rft_hpc.eval.accuracy import exact_match_accuracy
 from rft_hpc.explorer.role import load_start_weights
 from rft_hpc.trainer.algorithm import AlgorithmPlan
@@ -41,16 +44,28 @@ from rft_hpc.trainer.distributed import (
     broadcast_parameters,
     scatter_objects,
 )
+from rft_hpc.trainer.fsdp import (
+    FullState,
+    full_model_state,
+    full_optimizer_state,
+    idle_pass,
+    shard_model,
+)
 from rft_hpc.trainer.losses import target_logprobs
+from rft_hpc.trainer.micro import drop_oversized, pack, sub_shard
 from rft_hpc.trainer.prepare import BatchPreparer, collate_for, expert_rows, old_logprobs
 from rft_hpc.trainer.step_metrics import LocalMetrics, merge_metrics
+
+log = logging.getLogger(__name__)
 
 
 def config_hash(config: ExperimentConfig) -> str:
     """Hash of the settings a resumed trainer must share with the saved one."""
     keep = config.model_dump(mode="json", include={"model", "buffer", "trainer", "algorithm",
                                                    "tasks"})
-    for key in ("steps", "save_interval", "keep_checkpoints", "threads"):
+    # how the work is split (ranks, micro-batches, recomputation) may change on a resume
+    for key in ("steps", "save_interval", "keep_checkpoints", "threads",
+                "micro_batch_tokens", "activation_checkpointing"):
         keep["trainer"].pop(key, None)
     return hashlib.sha256(json.dumps(keep, sort_keys=True).encode()).hexdigest()[:16]
 
@@ -58,8 +73,9 @@ def config_hash(config: ExperimentConfig) -> str:
 class Trainer:
     """Model, optimizer and loss of one stage; `step(batch)` is one policy update.
 
-    With a `DistContext` of several ranks every rank holds a full replica on its device
-    and `step` is a collective (see `step`); the replicas start from rank 0's weights.
+    With a `DistContext` of several ranks `step` is a collective (see `step`): every
+    rank holds a full replica on its device (`trainer.parallel: ddp`) or its shard of the
+    model (`fsdp`); either way the ranks start from rank 0's weights.
     """
 
     def __init__(self, config: ExperimentConfig, dist: DistContext | None = None) -> None:
@@ -67,6 +83,9 @@ class Trainer:
         self.dist = dist if dist is not None else DistContext()
         self.plan = AlgorithmPlan.of(config)
         tcfg = config.trainer
+        if tcfg.backend != "torch":
+            raise UserError(f"trainer.backend {tcfg.backend} is not available in this "
+                            "trainer; use trainer.backend: torch")
         self.tokenizer, self.model = load_policy(config.model.path, config.model.dtype)
         self.device = self.dist.device
         if self.device.type != "cpu":
@@ -76,12 +95,11 @@ class Trainer:
         load_start_weights(self.engine, config)
         broadcast_parameters(self.model, self.dist)
         self.model.train()
+        if tcfg.activation_checkpointing:
+            self.model.gradient_checkpointing_enable(
+                gradient_checkpointing_kwargs={"use_reentrant": False})
+        self.compute_dtype = compute_dtype(tcfg.dtype, self.device)
         self.reference = _frozen(self.model) if self.plan.needs_reference else None
-        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=tcfg.lr,
-                                           weight_decay=tcfg.weight_decay)
-        warmup = tcfg.warmup_steps
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
-            self.optimizer, lambda s: min(1.0, (s + 1) / warmup) if warmup else 1.0)
         self.critic: ValueHeadModel | None = None
         self.critic_optimizer: torch.optim.Optimizer | None = None
         if self.plan.critic_lr is not None:
@@ -90,11 +108,24 @@ class Trainer:
             self.critic_optimizer = torch.optim.AdamW(
                 [p for p in self.critic.parameters() if p.requires_grad],
                 lr=self.plan.critic_lr, weight_decay=tcfg.weight_decay)
+        # FSDP after the reference and critic copies: they stay whole replicas
+        self.sharded = tcfg.parallel == "fsdp" and self.dist.distributed
+        if self.sharded:
+            shard_model(self.model, self.dist,
+                        None if self.compute_dtype == torch.float32 else self.compute_dtype)
+        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=tcfg.lr,
+                                           weight_decay=tcfg.weight_decay)
+        warmup = tcfg.warmup_steps
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
+            self.optimizer, lambda s: min(1.0, (s + 1) / warmup) if warmup else 1.0)
         self.pad_id = self.engine.pad_id
+        self._eval_engine: HFEngine | None = None  # FSDP: rank 0's whole replica for eval
         rl = self.plan.is_rl
         self.temperature = (self.config.explorer.temperature or 1.0) if rl else 1.0
-        self.preparer = BatchPreparer(self.plan, self.model, self.reference, self.critic,
-                                      self.temperature, self.pad_id, self.device)
+        # under FSDP rank 0 cannot run the policy alone (every forward is a collective)
+        self.preparer = BatchPreparer(self.plan, None if self.sharded else self.model,
+                                      self.reference, self.critic, self.temperature,
+                                      self.pad_id, self.device)
 
     def checkpoint_modules(self) -> dict[str, Any]:
         """Parts saved with a checkpoint besides the policy, optimizer and schedule."""
@@ -110,14 +141,55 @@ class Trainer:
         (advantages, critic values, loss divisors) and sends each rank its shard; each
         rank's loss is its rows' share of the whole batch's loss; the gradients are summed
         over the ranks; every rank takes the same optimizer step. The metrics, on every
-        rank, are those of the whole batch.
+        rank, are those of the whole batch. With `trainer.micro_batch_tokens`, records that
+        alone exceed it are left out of the step (a warning, `skipped_sequences`).
         """
         if self.dist.is_main:
             if batch is None:
                 raise ValueError("rank 0 (or a single-process trainer) needs a batch")
-            return self._step_shard(scatter_objects(
-                self.preparer.shards(batch, self.dist.world_size), self.dist))
+            return self._step_shard(scatter_objects(self._shards(batch), self.dist))
         return self._step_shard(scatter_objects(None, self.dist))
+
+    def _shards(self, batch: Batch) -> list[Shard]:
+        """Rank 0: the batch, without records over the micro-batch budget, in shards."""
+        budget = self.config.trainer.micro_batch_tokens
+        batch, skipped = drop_oversized(batch, budget)
+        if skipped:
+            log.warning("skipped %d sequence(s) longer than trainer.micro_batch_tokens = %d "
+                        "padded tokens", skipped, budget)
+        world = self.dist.world_size
+        if batch.records:
+            shards = self.preparer.shards(batch, world)
+        else:
+            shards = [Shard(records=[], advantages=None, num_tokens=0, num_records=0,
+                            dropped_stale=batch.dropped_stale) for _ in range(world)]
+        if budget > 0:
+            for shard in shards:
+                shard.metrics["skipped_sequences"] = float(skipped)
+        return shards
+
+    def full_state_dict(self) -> dict[str, torch.Tensor]:
+        """The policy's full weights (what is published and checkpointed). Under FSDP a
+        collective of every rank, complete on rank 0 only (empty elsewhere)."""
+        if self.sharded:
+            return full_model_state(self.model)
+        return self.model.state_dict()
+
+    def checkpoint_parts(self) -> tuple[Any, Any]:
+        """(model, optimizer) as `save_trainer_state` takes them. Under FSDP a collective
+        of every rank that gathers both full states (complete on rank 0, which saves)."""
+        if not self.sharded:
+            return self.model, self.optimizer
+        return (FullState(self.model, None, full_model_state(self.model)),
+                FullState(self.model, self.optimizer,
+                          full_optimizer_state(self.model, self.optimizer)))
+
+    def restore_parts(self) -> tuple[Any, Any]:
+        """(model, optimizer) as `load_trainer_state` takes them: under FSDP views that
+        load a saved full state into this rank's shards (every rank loads together)."""
+        if not self.sharded:
+            return self.model, self.optimizer
+        return FullState(self.model, None), FullState(self.model, self.optimizer)
 
     def _loss(self, shard: Shard) -> tuple[torch.Tensor, torch.Tensor | None, LocalMetrics]:
         """This shard's share of the policy loss and of the critic's value loss (None
@@ -132,8 +204,9 @@ class Trainer:
             rows = {k: v.to(self.device) for k, v in rows.items()}
             adv = None if adv is None else adv.to(self.device)
         mask = tb.loss_mask
-        logits = self.model(input_ids=tb.input_ids, attention_mask=tb.attention_mask,
-                            use_cache=False).logits
+        with self._autocast():
+            logits = self.model(input_ids=tb.input_ids, attention_mask=tb.attention_mask,
+                                use_cache=False).logits.float()
         logp = target_logprobs(logits, tb.targets, self.temperature)
         out = LocalMetrics(tokens=float(mask.sum()), rows=float(mask.shape[0]))
         is_expert = old = ref = None
@@ -199,26 +272,68 @@ class Trainer:
         self.optimizer.zero_grad(set_to_none=True)
         if self.critic_optimizer is not None:
             self.critic_optimizer.zero_grad(set_to_none=True)
-        local = None
-        if shard.records:
-            loss, vloss, local = self._loss(shard)
+        groups = pack(shard.records, self.config.trainer.micro_batch_tokens)
+        passes = len(groups)
+        if self.sharded:  # every rank runs as many passes as the busiest one
+            passes = self._most(passes)
+        local: list[LocalMetrics] = []
+        for i in range(passes):
+            if i >= len(groups):
+                idle_pass(self.model, self.device, self.pad_id)
+                continue
+            loss, vloss, part = self._loss(sub_shard(shard, groups[i]))
             (loss if vloss is None else loss + vloss).backward()
-        gathered = all_gather_objects(local, self.dist)
-        all_reduce_gradients(self.model.parameters(), self.dist)
+            local.append(part)
+        gathered = [m for ms in all_gather_objects(local, self.dist) for m in ms]
+        if not self.sharded:
+            all_reduce_gradients(self.model.parameters(), self.dist)
         if self.critic is not None:
             all_reduce_gradients(self.critic.parameters(), self.dist)
         values = dict(shard.metrics)
-        values.update(merge_metrics([m for m in gathered if m is not None]))
+        values.update(merge_metrics(gathered))
+        if self.config.trainer.micro_batch_tokens > 0:
+            values["micro_batches"] = float(len(gathered))
         values.update(self._optimizer_step())
         values.update(loss=values.pop("loss", 0.0), lr=self.scheduler.get_last_lr()[0],
                       tokens=float(shard.num_tokens), stale_dropped=shard.dropped_stale)
         return values
 
-    def accuracy(self, tasks: list[Any]) -> float:
-        """Greedy exact-match accuracy of the current weights on `tasks`."""
+    def _most(self, n: int) -> int:
+        """The largest `n` over the ranks."""
+        return max(all_gather_objects(n, self.dist))
+
+    def _autocast(self) -> contextlib.AbstractContextManager:
+        """Autocast to the compute dtype when it is not float32 and FSDP does not already
+        gather the weights in it."""
+        if self.compute_dtype == torch.float32 or self.sharded:
+            return contextlib.nullcontext()
+        return torch.autocast(self.device.type, dtype=self.compute_dtype)
+
+    def accuracy(self, tasks: list[Any], weights: dict[str, torch.Tensor] | None = None,
+                 ) -> float:
+        """Greedy exact-match accuracy of the current weights on `tasks`. Under FSDP pass
+        the gathered `weights` (`full_state_dict`, on rank 0): they are scored on a whole
+        replica that rank 0 keeps for evaluation."""
         ecfg = self.config.eval
-        return exact_match_accuracy(self.engine, tasks, max_new_tokens=ecfg.max_new_tokens,
+        engine = self.engine
+        if self.sharded:
+            if weights is None:
+                raise ValueError("a sharded trainer scores gathered weights: pass weights")
+            if self._eval_engine is None:
+                tokenizer, model = load_policy(self.config.model.path, self.config.model.dtype)
+                self._eval_engine = HFEngine(model=model.to(self.device).eval(),
+                                             tokenizer=tokenizer, device=str(self.device))
+            self._eval_engine.model.load_state_dict(weights)
+            engine = self._eval_engine
+        return exact_match_accuracy(engine, tasks, max_new_tokens=ecfg.max_new_tokens,
                                     batch_size=ecfg.batch_size)
+
+
+def compute_dtype(setting: str, device: torch.device) -> torch.dtype:
+    """The dtype `trainer.dtype` means on `device` (auto: bfloat16 on GPUs, else float32)."""
+    if setting == "auto":
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    return getattr(torch, setting)
 
 
 def _frozen(model: torch.nn.Module) -> torch.nn.Module:

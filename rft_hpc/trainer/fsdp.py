@@ -1,0 +1,111 @@
+"""FSDP2 over the trainer's ranks (`trainer.parallel: fsdp`), and what differs under it.
+
+`shard_model` applies `torch.distributed.fsdp.fully_shard` to every transformer layer and to
+the whole model: each rank keeps 1/N of every parameter, gradient and optimizer state; the
+forward and backward passes gather the parameters layer by layer. Gradients are summed over
+the ranks (divide factor 1), as the data-parallel path sums them, because each rank's loss is
+already its share of the whole batch's loss. Runs on gloo (CPUs) and NCCL alike.
+
+Every forward and backward is a collective under FSDP: all ranks run the same number of
+micro-batches (`idle_pass` fills in on a rank with fewer), and the full weights exist only
+when gathered (`full_model_state`, a collective, complete on rank 0 only), which is what the
+trainer publishes and checkpoints, so the weight and checkpoint formats do not change.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_model_state_dict,
+    get_optimizer_state_dict,
+    set_model_state_dict,
+    set_optimizer_state_dict,
+)
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
+
+from rft_hpc.trainer.distributed import DistContext
+
+_FULL = StateDictOptions(full_state_dict=True, cpu_offload=True)
+
+
+def transformer_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
+    """The repeated blocks of a Hugging Face model (the classes it names in
+    `_no_split_modules`), in order; empty when it names none."""
+    names = set(getattr(model, "_no_split_modules", None) or [])
+    return [m for m in model.modules() if type(m).__name__ in names]
+
+
+def shard_model(model: torch.nn.Module, ctx: DistContext,
+                compute_dtype: torch.dtype | None = None) -> torch.nn.Module:
+    """Shard `model` in place over the ranks of `ctx` (layers first, then the root).
+
+    Every rank must hold the same weights before (rank 0's, broadcast). `compute_dtype`
+    (e.g. bfloat16) is FSDP2's mixed precision: parameters are gathered in it, gradients
+    reduced in float32, the sharded weights keep their own dtype.
+    """
+    mesh = init_device_mesh(ctx.device.type, (ctx.world_size,))
+    policy = MixedPrecisionPolicy(param_dtype=compute_dtype, reduce_dtype=torch.float32
+                                  if compute_dtype is not None else None)
+    for layer in transformer_layers(model):
+        fully_shard(layer, mesh=mesh, mp_policy=policy)
+    fully_shard(model, mesh=mesh, mp_policy=policy)
+    for module in model.modules():
+        if isinstance(module, FSDPModule):
+            module.set_gradient_divide_factor(1.0)
+            module.set_force_sum_reduction_for_comms(True)  # gloo has no PREMUL_SUM
+    return model
+
+
+def is_sharded(model: torch.nn.Module) -> bool:
+    """True when `model` was sharded by `shard_model`."""
+    return isinstance(model, FSDPModule)
+
+
+def full_model_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The full (gathered) state dict on CPU: a collective of every rank; complete on rank 0,
+    empty on the others."""
+    return get_model_state_dict(model, options=_FULL)
+
+
+def full_optimizer_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+                         ) -> dict[str, Any]:
+    """The optimizer's full state dict (keyed by parameter names) on CPU: a collective;
+    complete on rank 0, empty on the others."""
+    return get_optimizer_state_dict(model, optimizer, options=_FULL)
+
+
+def idle_pass(model: torch.nn.Module, device: torch.device, token: int) -> None:
+    """A forward and backward of one token with a zero loss: a rank with no micro-batch left
+    takes part in the others' gathers and reductions, adding nothing to the gradients."""
+    ids = torch.tensor([[token]], device=device)
+    logits = model(input_ids=ids, attention_mask=torch.ones_like(ids), use_cache=False).logits
+    (logits.float().sum() * 0.0).backward()
+
+
+class FullState:
+    """A sharded model (and optimizer) as the checkpoint functions see a plain one: its
+    `state_dict()` is the full state gathered beforehand (so only rank 0, which writes,
+    calls it, after a collective gather on every rank), and `load_state_dict` takes a full
+    state and keeps this rank's part (a collective too: every rank restores together)."""
+
+    def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None,
+                 gathered: dict[str, Any] | None = None) -> None:
+        self.model, self.optimizer, self.gathered = model, optimizer, gathered
+
+    def state_dict(self) -> dict[str, Any]:
+        """The full state gathered when this view was made."""
+        if self.gathered is None:
+            raise RuntimeError("gather the full state on every rank first")
+        return self.gathered
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Load a full state: the model's, or the optimizer's when this views one."""
+        options = StateDictOptions(full_state_dict=True)
+        if self.optimizer is None:
+            set_model_state_dict(self.model, state, options=options)
+        else:
+            set_optimizer_state_dict(self.model, self.optimizer, state, options=options)

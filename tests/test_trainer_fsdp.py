@@ -1,0 +1,196 @@
+"""The torch trainer backend: micro-batches packed to a token budget, activation
+checkpointing, FSDP2 over two Slurm tasks. Real torch, real processes, real Slurm."""
+
+from __future__ import annotations
+
+import logging
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from slurm_cluster import sbatch, wait_for_states
+from test_trainer_distributed import fixed_batch, rank_env, write_config
+
+from rft_hpc.buffer.reader import Batch
+from rft_hpc.buffer.records import Experience
+from rft_hpc.trainer.micro import drop_oversized, pack, record_cost
+
+ROOT = Path(__file__).resolve().parents[1]
+TRAINER = {"algorithm": "grpo", "lr": 1e-3, "batch_size": 8, "grad_clip": 1.0,
+           "kl_coef": 0.05, "weight_decay": 0.01}
+
+
+def one_step(tmp_path: Path, model: Path, batch: Batch, name: str, **settings
+             ) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor], dict[str, float]]:
+    """Weights and gradients after one step of a single-process trainer, and its metrics."""
+    from rft_hpc.config import load_config
+    from rft_hpc.trainer.trainer import Trainer
+
+    config = write_config(tmp_path / f"{name}.yaml", model, trainer={**TRAINER, **settings})
+    trainer = Trainer(load_config(config))
+    values = trainer.step(batch)
+    params = {k: p.detach().clone() for k, p in trainer.model.named_parameters()}
+    grads = {k: p.grad.clone() for k, p in trainer.model.named_parameters()}
+    return params, grads, values
+
+
+def assert_same_step(a, b, rtol: float = 1e-5) -> None:
+    params_a, grads_a, _ = a
+    params_b, grads_b, _ = b
+    for k, g in grads_a.items():
+        torch.testing.assert_close(grads_b[k], g, rtol=rtol, atol=2e-6 * float(g.abs().max()),
+                                   msg=k)
+        clear = g.abs() >= 1e-6  # where float noise in g cannot flip Adam's first step
+        torch.testing.assert_close(params_b[k][clear], params_a[k][clear], rtol=1e-6,
+                                   atol=1e-7, msg=k)
+
+
+def test_packing_keeps_each_micro_batch_within_the_budget():
+    records = fixed_batch("grpo").records
+    lengths = [len(r.tokens) for r in records]
+    groups = pack(records, 40)
+    assert sorted(i for g in groups for i in g) == list(range(len(records)))
+    assert all(len(g) * max(lengths[i] for i in g) <= 40 for g in groups)
+    assert len(groups) > 1 and pack(records, 0) == [list(range(len(records)))]
+    kept, dropped = drop_oversized(fixed_batch("grpo"), 12)
+    assert dropped == sum(n > 12 for n in lengths) > 0
+    assert all(record_cost(r) <= 12 for r in kept.records)
+    assert len(kept.weights) == len(kept.records)
+
+
+def test_micro_batches_give_the_whole_batch_step(tmp_path, tiny_model):
+    whole = one_step(tmp_path, tiny_model, fixed_batch("grpo"), "whole")
+    micro = one_step(tmp_path, tiny_model, fixed_batch("grpo"), "micro", micro_batch_tokens=40)
+    assert micro[2]["micro_batches"] >= 3 and micro[2]["skipped_sequences"] == 0
+    assert micro[2]["loss"] == pytest.approx(whole[2]["loss"], rel=1e-5, abs=1e-7)
+    assert micro[2]["tokens"] == whole[2]["tokens"]
+    assert_same_step(whole, micro)
+
+
+def test_a_sequence_over_the_budget_is_skipped_with_a_metric(tmp_path, tiny_model, caplog):
+    batch = fixed_batch("grpo")
+    rng = np.random.default_rng(1)
+    long = Experience(rng.integers(4, 20, 60), prompt_length=3, reward=1.0, group_id=9,
+                      logprobs=np.full(60, -3.0, dtype=np.float32))
+    with_long = Batch(records=[*batch.records, long], weights=[*batch.weights, 1.0],
+                      uses=[*batch.uses, 0])
+    with caplog.at_level(logging.WARNING, logger="rft_hpc.trainer.trainer"):
+        skipped = one_step(tmp_path, tiny_model, with_long, "skip", micro_batch_tokens=40)
+    assert skipped[2]["skipped_sequences"] == 1
+    assert [r.message for r in caplog.records].count(
+        "skipped 1 sequence(s) longer than trainer.micro_batch_tokens = 40 padded tokens") == 1
+    # the step is exactly the step on the batch without the long record
+    assert_same_step(one_step(tmp_path, tiny_model, batch, "without"), skipped)
+
+
+def test_activation_checkpointing_gives_the_same_gradients(tmp_path, tiny_model):
+    plain = one_step(tmp_path, tiny_model, fixed_batch("sft"), "plain", algorithm="sft",
+                     kl_coef=0.0)
+    recomputed = one_step(tmp_path, tiny_model, fixed_batch("sft"), "ckpt", algorithm="sft",
+                          kl_coef=0.0, activation_checkpointing=True)
+    assert_same_step(plain, recomputed, rtol=1e-6)
+
+
+# -- FSDP2 over two Slurm tasks ----------------------------------------------------------------
+
+def fsdp_worker(config_path: str, out: str) -> None:
+    """One rank: one step on `fixed_batch("grpo")`, then rank 0 saves the gathered weights
+    (run as a script: one Slurm task each, or alone)."""
+    from rft_hpc.config import load_config
+    from rft_hpc.trainer.distributed import init_distributed, shutdown
+    from rft_hpc.trainer.fsdp import is_sharded
+    from rft_hpc.trainer.trainer import Trainer
+
+    torch.set_num_threads(1)
+    ctx = init_distributed()
+    trainer = Trainer(load_config(Path(config_path)), ctx)
+    values = trainer.step(fixed_batch("grpo") if ctx.is_main else None)
+    weights = trainer.full_state_dict()
+    local = sum(p.to_local().numel() if hasattr(p, "to_local") else p.numel()
+                for p in trainer.model.parameters())
+    grads = {} if ctx.distributed else {k: p.grad for k, p in trainer.model.named_parameters()}
+    if ctx.is_main:
+        torch.save({"weights": weights, "values": values, "sharded": is_sharded(trainer.model),
+                    "local_numel": local, "grads": grads}, Path(out) / f"fsdp-{ctx.world_size}.pt")
+    shutdown()
+
+
+def test_fsdp_step_on_two_slurm_tasks_matches_one_process(tmp_path, tiny_model, slurm_env):
+    config = write_config(tmp_path / "config.yaml", tiny_model,
+                          trainer={**TRAINER, "parallel": "fsdp", "micro_batch_tokens": 40})
+    script = [sys.executable, __file__, "fsdp", str(config), str(tmp_path)]
+    env = {**rank_env(0, 2, tmp_path / "rdzv"), **slurm_env}
+    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):  # the ranks come from Slurm
+        env.pop(name)
+    wrap = "srun " + " ".join(script)
+    job = sbatch(["-N2", "-n2", "--mem=0", "--output=fsdp.log", "--wrap", wrap], env,
+                 cwd=tmp_path)
+    alone = subprocess.run(script, cwd=ROOT, env=rank_env(0, 1, None), capture_output=True,
+                           text=True, timeout=300)
+    assert alone.returncode == 0, alone.stderr[-3000:]
+    states = wait_for_states(job, slurm_env, timeout=300)
+    log = (tmp_path / "fsdp.log").read_text()
+    assert states == {job: "COMPLETED"}, log[-3000:]
+    assert f"2 ranks over gloo, met through file://{tmp_path}/rdzv" in log
+
+    one, two = torch.load(tmp_path / "fsdp-1.pt"), torch.load(tmp_path / "fsdp-2.pt")
+    assert two["sharded"] and not one["sharded"]
+    total = sum(t.numel() for t in one["weights"].values())
+    assert two["local_numel"] < 0.6 * total  # rank 0 held about half of the model
+    assert list(two["weights"]) == list(one["weights"])  # the full state dict, same names
+    diff = max(float((one["weights"][k] - two["weights"][k]).abs().max()) for k in one["weights"])
+    print(f"FSDP 2 Slurm tasks vs 1 process, one GRPO step: max |weight diff| {diff:.3g}")
+    lr = TRAINER["lr"]
+    for k, w in one["weights"].items():
+        w2, clear = two["weights"][k], one["grads"][k].abs() >= 1e-6
+        # Adam's first step moves a weight by ~lr * sign(g): where |g| is near Adam's eps,
+        # float noise in g (other summation order) may change that by up to ~lr
+        assert float((w2 - w).abs().max()) <= 2 * lr, k
+        torch.testing.assert_close(w2[clear], w[clear], rtol=1e-5, atol=2e-6, msg=k)
+    for key in ("loss", "tokens", "grad_norm"):
+        assert two["values"][key] == pytest.approx(one["values"][key], rel=1e-5), key
+
+
+def test_fsdp_role_saves_resumes_and_publishes_full_weights(tmp_path, tiny_model):
+    """The trainer role on two FSDP ranks: 2 steps, then a restart that resumes from the
+    sharded run's checkpoint (model and optimizer gathered, then loaded into shards) to step
+    4; the published weights match a single process's 4 steps."""
+    import yaml
+    from test_trainer_distributed import finish, sft_stage, start_ranks, trainer_command
+
+    from rft_hpc.monitor.metrics import read_metrics
+    from rft_hpc.sync.checkpoint import load_weights
+
+    stage = sft_stage(tmp_path, tiny_model, "fsdp", steps=2, parallel="fsdp",
+                      micro_batch_tokens=48)
+    alone = sft_stage(tmp_path, tiny_model, "one")
+    procs = start_ranks(trainer_command(stage), 2, stage / "state" / "dist-1")
+    procs += start_ranks(trainer_command(alone), 1, None)
+    results = finish(procs)
+    assert all(rc == 0 for rc, _ in results), [err[-3000:] for _, err in results]
+    assert (stage / "ckpt" / "LATEST").read_text().strip() == "trainer/step-000002"
+    config = yaml.safe_load((stage / "config.yaml").read_text())
+    config["trainer"]["steps"] = 4
+    (stage / "config.yaml").write_text(yaml.safe_dump(config))
+    results = finish(start_ranks(trainer_command(stage), 2, stage / "state" / "dist-2"))
+    assert all(rc == 0 for rc, _ in results), [err[-3000:] for _, err in results]
+
+    rows = read_metrics(stage / "metrics" / "trainer.jsonl")
+    assert [r["step"] for r in rows if "loss" in r] == [1, 2, 3, 4]
+    assert [r["step"] for r in rows if r.get("eval_accuracy") is not None] == [0, 2, 4]
+    one, two = load_weights(alone / "weights", 4), load_weights(stage / "weights", 4)
+    assert list(two) == list(one)
+    diff = max(float((one[k] - two[k]).abs().max()) for k in one)
+    print(f"run_trainer, 4 SFT steps, 2 FSDP ranks with a restart vs 1 process: "
+          f"max |weight diff| {diff:.3g}")
+    for k in one:
+        torch.testing.assert_close(two[k], one[k], rtol=1e-4, atol=1e-5, msg=k)
+
+
+if __name__ == "__main__" and sys.argv[1] == "fsdp":
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    fsdp_worker(*sys.argv[2:])
