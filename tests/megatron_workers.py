@@ -45,7 +45,7 @@ def main(mode: str, weights: str, config: str, tp: int, pp: int, out: str, init:
     hf_config = SimpleNamespace(**json.loads(Path(config).read_text()))
     shape = LlamaShape.from_hf(hf_config)
     vocab = padded_vocab_size(shape.vocab_size, tp, 8)
-    layout = Layout(tp, pp, shape.num_layers, shape.tied)
+    layout = Layout.for_model(shape, tp, pp)
     full = hf_to_megatron(load_file(weights), shape, padded_vocab=vocab)
     local = shard_state(full, layout)[rank // tp, rank % tp]
     if mode == "megatron":

@@ -115,7 +115,8 @@ def test_shards_merge_back_exactly(tp: int, pp: int, tied: bool) -> None:
     config = gqa_config(tied)
     shape = LlamaShape.from_hf(config)
     full = hf_to_megatron(hf_weights(config), shape, padded_vocab=24)
-    layout = Layout(tp, pp, shape.num_layers, tied)
+    layout = Layout.for_model(shape, tp, pp)
+    assert layout == Layout(tp, pp, 4, tied)
     shards = shard_state(full, layout)
     assert len(shards) == tp * pp
     last = shards[pp - 1, tp - 1]
@@ -128,6 +129,14 @@ def test_shards_merge_back_exactly(tp: int, pp: int, tied: bool) -> None:
     gate, up = full[layer].chunk(2)
     assert torch.equal(fc1, torch.cat([gate.chunk(tp)[-1], up.chunk(tp)[-1]]))
     assert_same(merge_shards(shards, layout), full)
+
+
+def test_layout_refuses_sizes_that_cut_a_query_group() -> None:
+    shape = LlamaShape.from_hf(gqa_config())
+    with pytest.raises(ValueError, match="2 key/value heads do not split over 4 ranks"):
+        Layout.for_model(shape, 4, 1)  # qkv's 96 rows would split into 4, but not by group
+    with pytest.raises(ValueError, match="4 layers do not split over 3 ranks"):
+        Layout.for_model(shape, 1, 3)
 
 
 def test_conversion_fits_a_real_gptmodel() -> None:

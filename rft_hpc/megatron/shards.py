@@ -24,7 +24,7 @@ from typing import Literal
 import torch
 import torch.distributed as dist
 
-from rft_hpc.megatron.convert import StateDict
+from rft_hpc.megatron.convert import LlamaShape, StateDict
 
 Cut = Literal["column", "glu", "row", "replicated"]
 
@@ -81,6 +81,19 @@ class Layout:
     pipeline_parallel: int
     num_layers: int
     tied: bool = False
+
+    @classmethod
+    def for_model(cls, shape: LlamaShape, tensor_parallel: int = 1,
+                  pipeline_parallel: int = 1) -> Layout:
+        """The layout of this model at these sizes; a `ValueError` naming what does not
+        divide (the TP cut of `linear_qkv` is only right when whole query groups go to
+        each rank, which its row count alone cannot tell)."""
+        for what, count, size in (("key/value heads", shape.num_kv_heads, tensor_parallel),
+                                  ("attention heads", shape.num_heads, tensor_parallel),
+                                  ("layers", shape.num_layers, pipeline_parallel)):
+            if count % size:
+                raise ValueError(f"the model's {count} {what} do not split over {size} ranks")
+        return cls(tensor_parallel, pipeline_parallel, shape.num_layers, shape.tied)
 
     def stage_layers(self, stage: int) -> range:
         """Global layer numbers held by pipeline stage `stage`."""

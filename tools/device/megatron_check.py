@@ -107,8 +107,8 @@ def megatron_part(model_dir: Path, out: Path, lr: float, tol: float) -> dict:
                        for p in model.parameters() if p.grad is not None)
     opt.step()
     changed = sum(not torch.equal(v, before[k]) for k, v in weights_of(model).items())
-    trained = gather_hf_state(weights_of(model), shape, Layout(1, 1, shape.num_layers,
-                                                               shape.tied), groups=(None, None))
+    trained = gather_hf_state(weights_of(model), shape, Layout.for_model(shape),
+                              groups=(None, None))
     assert trained is not None
     trained = {k: v.cpu() for k, v in trained.items()}
     checks["trained_logits_vs_transformers"] = float(
