@@ -42,6 +42,17 @@ class SerialEngine:
         with self._lock:
             self._engine.load_weights(*args, **kwargs)
 
+    def encode(self, text: str) -> list[int]:
+        """Token ids of a prompt, with its special tokens (a fast tokenizer is not safe to
+        use from several threads at once)."""
+        with self._lock:
+            return list(self._engine.encode(text))
+
+    def plain_tokens(self, text: str) -> list[int]:
+        """Token ids of an observation, without the BOS/EOS a prompt gets."""
+        with self._lock:
+            return list(self._engine.tokenizer(text, add_special_tokens=False)["input_ids"])
+
     def __getattr__(self, name: str) -> Any:
         return getattr(self._engine, name)
 
@@ -106,7 +117,7 @@ class _Budget:
             self.left -= time.monotonic() - t0
 
 
-def run_task(engine: Any, task: Task, workflow: MultiTurnWorkflow, turn: TurnSettings, *,
+def run_task(engine: SerialEngine, task: Task, workflow: MultiTurnWorkflow, turn: TurnSettings, *,
              group_id: int, step: int, seed: int, cancel: threading.Event) -> TaskOutcome:
     """Play `turn.repeat` trajectories of `task`, retrying failed attempts; never raises for
     an environment's fault (see `TaskOutcome.status`)."""
@@ -139,7 +150,7 @@ def run_task(engine: Any, task: Task, workflow: MultiTurnWorkflow, turn: TurnSet
     return outcome
 
 
-def _play(engine: Any, worker: EnvWorker, task: Task, workflow: MultiTurnWorkflow,
+def _play(engine: SerialEngine, worker: EnvWorker, task: Task, workflow: MultiTurnWorkflow,
           turn: TurnSettings, *, seed: int, cancel: threading.Event) -> list[_Trajectory]:
     # Starting the worker is not the environment's time (it is slow on a loaded node), but
     # a constructor that hangs must not block either: it gets a budget of its own.
@@ -168,16 +179,11 @@ def _play(engine: Any, worker: EnvWorker, task: Task, workflow: MultiTurnWorkflo
             traj.turns += 1
             traj.done = done
             if not done and t + 1 < workflow.max_turns and observation:
-                traj.add(_plain_tokens(engine, observation), 0, None)
+                traj.add(engine.plain_tokens(observation), 0, None)
         active = [i for i in active if not trajectories[i].done]
         if not active:
             break
     return trajectories
-
-
-def _plain_tokens(engine: Any, text: str) -> list[int]:
-    """Token ids of an observation, without the BOS/EOS a prompt gets."""
-    return list(engine.tokenizer(text, add_special_tokens=False)["input_ids"])
 
 
 def _experience(traj: _Trajectory, task: Task, group_id: int, step: int,

@@ -23,7 +23,7 @@ import numpy as np
 
 from rft_hpc.buffer.records import Experience
 from rft_hpc.config.workflow import MultiTurnWorkflow, OverRolloutConfig
-from rft_hpc.explorer.multiturn import TaskOutcome, TurnSettings, run_task
+from rft_hpc.explorer.multiturn import SerialEngine, TaskOutcome, TurnSettings, run_task
 from rft_hpc.tasks.task import Task
 
 
@@ -41,7 +41,8 @@ class MultiTurnExplorer:
 
     def __init__(self, engine: Any, workflow: MultiTurnWorkflow, turn: TurnSettings,
                  over_rollout: OverRolloutConfig) -> None:
-        self.engine, self.workflow, self.turn = engine, workflow, turn
+        self.engine = engine if isinstance(engine, SerialEngine) else SerialEngine(engine)
+        self.workflow, self.turn = workflow, turn
         self.over_rollout = over_rollout
         self._in_flight: list[_Running] = []
         self._done: queue.Queue[_Running] = queue.Queue()
@@ -86,10 +87,24 @@ class MultiTurnExplorer:
         for r in stragglers if drop else []:
             r.cancel.set()
         self._in_flight = [] if drop else stragglers
-        return self._collect(finished, step, dropped=len(stragglers) if drop else 0,
+        return self._collect(finished, step, dropped=stragglers if drop else [],
                              carried=0 if drop else len(stragglers))
 
-    def _collect(self, finished: list[_Running], step: int, *, dropped: int,
+    def _placeholders(self, r: _Running, step: int, reason: str) -> list[Experience]:
+        """`repeat` records of a task that yielded none: its prompt with mask 0 (nothing to
+        train on, reward 0, an all-equal group), so that the step keeps its record count and
+        the trainer's batches stay aligned with explorer steps (no wait for records that
+        will never come)."""
+        prompt = np.asarray(self.engine.encode(r.task.prompt), np.int32)
+        return [Experience(tokens=prompt, prompt_length=len(prompt),
+                           response_mask=np.zeros(len(prompt), np.uint8),
+                           logprobs=np.zeros(len(prompt), np.float32), reward=0.0,
+                           task_id=r.task.task_id, group_id=r.group_id, taskset=r.task.taskset,
+                           policy_version=self.engine.version, step=step,
+                           info={"placeholder": reason, "turns": 0, "done": False})
+                for _ in range(self.turn.repeat)]
+
+    def _collect(self, finished: list[_Running], step: int, *, dropped: list[_Running],
                  carried: int) -> tuple[list[Experience], dict[str, float]]:
         finished.sort(key=lambda r: (r.started, r.group_id))
         crashed = [r for r in finished if r.outcome is not None and r.outcome.status == "crash"]
@@ -98,15 +113,24 @@ class MultiTurnExplorer:
                                f"{crashed[0].outcome.message}")  # type: ignore[union-attr]
         outcomes = [r.outcome for r in finished if r.outcome is not None]
         experiences: list[Experience] = []
-        for r in finished:
-            for e in r.outcome.experiences if r.outcome else []:
+        trained: list[Experience] = []  # the real rollouts, for the metrics
+        pairs = [(r, r.outcome) for r in finished] + [
+            (r, None) for r in sorted(dropped, key=lambda r: (r.started, r.group_id))]
+        for r, outcome in pairs:
+            if outcome is not None and outcome.status == "ok":
+                records = outcome.experiences
+                trained.extend(records)
+            else:
+                records = self._placeholders(r, step, "dropped" if outcome is None
+                                             else outcome.status)
+            for e in records:
                 e.step = step
                 if r.started != step:
                     e.info["carried_from"] = r.started
-                experiences.append(e)
+            experiences.extend(records)
         metrics: dict[str, float] = {
             "tasks_finished": float(sum(o.status == "ok" for o in outcomes)),
-            "over_rollout/dropped": float(dropped),
+            "over_rollout/dropped": float(len(dropped)),
             "over_rollout/carried": float(carried),
             "over_rollout/carried_in": float(sum(r.started != step for r in finished)),
             "env/errors": float(sum(o.errors for o in outcomes)),
@@ -114,14 +138,13 @@ class MultiTurnExplorer:
             "env/retries": float(sum(o.retries for o in outcomes)),
             "env/failed_tasks": float(sum(o.status in ("error", "timeout") for o in outcomes)),
         }
-        if experiences:
-            rewards = np.array([e.reward for e in experiences], dtype=np.float64)
+        if trained:  # the metrics of real rollouts only
+            rewards = np.array([e.reward for e in trained], dtype=np.float64)
             metrics.update(
                 reward_mean=float(rewards.mean()), reward_std=float(rewards.std()),
-                response_length=float(np.mean([int(e.response_mask.sum())
-                                               for e in experiences])),
-                turns=float(np.mean([e.info["turns"] for e in experiences])),
-                finished=float(np.mean([e.info["done"] for e in experiences])))
+                response_length=float(np.mean([int(e.response_mask.sum()) for e in trained])),
+                turns=float(np.mean([e.info["turns"] for e in trained])),
+                finished=float(np.mean([e.info["done"] for e in trained])))
         return experiences, metrics
 
     def close(self) -> None:

@@ -1,0 +1,169 @@
+"""Multi-turn workflows: environment feedback in the sequence with mask 0, environments
+that raise or hang cost their task only, over-rollout closes steps before the stragglers."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from rft_hpc.buffer.jsonl import iter_segments
+from rft_hpc.buffer.segment import read_segment
+from rft_hpc.config.workflow import MultiTurnWorkflow, OverRolloutConfig
+from rft_hpc.engines.hf import HFEngine
+from rft_hpc.envs.base import build_env
+from rft_hpc.envs.faulty import is_bad
+from rft_hpc.envs.guess import GuessEnv
+from rft_hpc.errors import UserError
+from rft_hpc.explorer.multiturn import TurnSettings
+from rft_hpc.explorer.overrollout import MultiTurnExplorer
+from rft_hpc.monitor.metrics import read_metrics
+from rft_hpc.tasks.task import Task
+
+ROOT = Path(__file__).resolve().parents[1]
+FAULTY = "rft_hpc.envs.faulty:FaultyGuess"
+
+
+@pytest.fixture(scope="module")
+def engine(tiny_model):
+    return HFEngine(tiny_model)
+
+
+def tasks(n, start=0):
+    return [Task(task_id=f"t{i}", prompt=f"{i}+0=", answer=str(i)) for i in range(start,
+                                                                                start + n)]
+
+
+def explorer(engine, *, env=FAULTY, ratio=1.0, stragglers="drop", turns=3, timeout=5.0,
+             retries=1, **env_args):
+    workflow = MultiTurnWorkflow(env=env, env_args=env_args, max_turns=turns,
+                                 max_timeout=timeout, max_retry_times=retries)
+    return MultiTurnExplorer(engine, workflow, TurnSettings(repeat=2, max_new_tokens=2,
+                                                            temperature=1.0),
+                             OverRolloutConfig(ratio=ratio, stragglers=stragglers))
+
+
+def test_guess_game_feedback_and_reward():
+    env = GuessEnv()
+    task = Task(task_id="a", prompt="", answer="47")  # secret 47 % 10 = 7
+    assert env.reset(task, seed=0) == "0-9="
+    assert env.step("3").observation == "+"
+    assert env.step("x").observation == "*"
+    assert env.step("9") == type(env.step("9"))("-", 0.0, False)
+    final = env.step("7")
+    assert final.done and final.observation == "=" and final.reward == pytest.approx(0.2)
+
+
+def test_unknown_environment_is_a_user_error():
+    with pytest.raises(UserError, match=r"explorer\.workflow\.env"):
+        build_env("no_such_env", {})
+    with pytest.raises(UserError, match="refuses env_args"):
+        build_env("guess", {"colour": 1})
+
+
+def test_feedback_tokens_have_mask_0_and_replay_the_game(engine):
+    mt = explorer(engine, env="guess", turns=3)
+    records, metrics = mt.run_step(tasks(3), first_group_id=10, step=0, seed=1)
+    assert len(records) == 6 and metrics["tasks_finished"] == 3
+    assert sorted({r.group_id for r in records}) == [10, 11, 12]
+    for r in records:
+        mask, tokens = r.response_mask, r.tokens
+        assert not mask[:r.prompt_length].any()
+        # replay the game with the recorded actions: the mask-0 tokens after the prompt are
+        # exactly the environment's feedback, the mask-1 tokens the policy's turns
+        env, reward, feedback = GuessEnv(), 0.0, ""
+        env.reset(Task(task_id=r.task_id, prompt="", answer=r.task_id[1:]), 0)
+        for i, action in enumerate(r.info["actions"]):
+            result = env.step(action)
+            reward += result.reward
+            if not result.done and i + 1 < 3:
+                feedback += result.observation
+        after = slice(r.prompt_length, None)
+        assert engine.tokenizer.decode(tokens[after][mask[after] == 0]) == feedback
+        assert r.reward == pytest.approx(reward)
+        assert r.info["turns"] == len(r.info["actions"]) >= 1
+        assert np.all(r.logprobs[mask == 1] < 0) and np.all(r.logprobs[mask == 0] == 0)
+        assert mask.sum() > 0 and (mask[r.prompt_length:] == 0).sum() == len(feedback)
+
+
+def test_raising_and_hanging_environments_cost_their_task_only(engine):
+    batch = tasks(6)
+    raising = [t.task_id for t in batch if is_bad(t.task_id, "raise", 5)]
+    hanging = [t.task_id for t in batch if is_bad(t.task_id, "hang", 4)
+               and t.task_id not in raising]
+    assert raising and hanging
+    mt = explorer(engine, raise_every=5, hang_every=4, timeout=1.0, retries=1)
+    records, metrics = mt.run_step(batch, first_group_id=0, step=0, seed=1)
+    failed = {r.task_id: r.info.get("placeholder") for r in records if "placeholder" in r.info}
+    assert failed == {**dict.fromkeys(raising, "error"), **dict.fromkeys(hanging, "timeout")}
+    assert all(not r.response_mask.any() for r in records if "placeholder" in r.info)
+    good = {r.task_id for r in records if "placeholder" not in r.info}
+    assert good == {t.task_id for t in batch} - set(raising) - set(hanging)
+    assert metrics["env/errors"] == 2 * len(raising)  # first attempt and one retry each
+    assert metrics["env/timeouts"] == 2 * len(hanging)
+    assert metrics["env/failed_tasks"] == len(raising) + len(hanging)
+    assert metrics["tasks_finished"] == len(good)
+    assert len(records) == 2 * len(batch)  # the step keeps its record count
+
+
+def test_over_rollout_drops_the_stragglers(engine):
+    batch = tasks(6)
+    slow = {t.task_id for t in batch if is_bad(t.task_id, "slow", 3)}
+    assert 0 < len(slow) < 6
+    ratio = (6 - len(slow)) / 6
+    mt = explorer(engine, ratio=ratio, sleep=0.01, slow_every=3, slow_factor=3000)
+    records, metrics = mt.run_step(batch, first_group_id=0, step=0, seed=1)
+    trained = [r for r in records if "placeholder" not in r.info]
+    assert {r.task_id for r in trained} == {t.task_id for t in batch} - slow
+    assert {r.task_id for r in records if r.info.get("placeholder") == "dropped"} == slow
+    assert metrics["over_rollout/dropped"] == len(slow) and metrics["over_rollout/carried"] == 0
+    assert mt.in_flight == 0
+
+
+def test_over_rollout_carries_the_stragglers_into_the_next_step(engine):
+    batch = tasks(4)
+    slow = {t.task_id for t in batch if is_bad(t.task_id, "slow", 5)}
+    assert len(slow) == 1
+    mt = explorer(engine, ratio=0.75, stragglers="carry", sleep=0.01, slow_every=5,
+                  slow_factor=20)
+    first, m0 = mt.run_step(batch, first_group_id=0, step=0, seed=1)
+    assert {r.task_id for r in first} == {t.task_id for t in batch} - slow
+    assert m0["over_rollout/carried"] == 1 and mt.in_flight == 1
+    second, m1 = mt.run_step([], first_group_id=4, step=1, seed=2)  # waits for the carried
+    assert {r.task_id for r in second} == slow and m1["over_rollout/carried_in"] == 1
+    assert all(r.info["carried_from"] == 0 and r.step == 1 for r in second)
+    assert mt.in_flight == 0
+
+
+def test_guess_game_trains_end_to_end_with_faulty_environments(tmp_path, tiny_model):
+    env_args = json.dumps({"raise_every": 8, "hang_every": 4, "hang_seconds": 600})
+    result = subprocess.run(
+        [sys.executable, "-m", "rft_hpc.cli", "run", ROOT / "configs" / "multiturn.yaml",
+         "--set", f"run.root={tmp_path}", "--set", f"model.path={tiny_model}",
+         "--set", "trainer.steps=2", "--set", "trainer.batch_size=16",
+         "--set", f"explorer.workflow.env={FAULTY}",
+         "--set", f"explorer.workflow.env_args={env_args}",
+         "--set", "explorer.workflow.max_timeout=2", "--set", "explorer.workflow.max_turns=3"],
+        capture_output=True, text=True, cwd=ROOT, timeout=300)
+    assert result.returncode == 0, result.stdout + result.stderr
+    stage = tmp_path / "multiturn" / "stages" / "0-main"
+    records = [r for _, p in iter_segments(stage / "buffer")
+               for r in read_segment(p).records()]
+    assert len(records) == 2 * 16
+    played = [r for r in records if "placeholder" not in r.info]
+    assert any(r.info["turns"] > 1 for r in played)
+    for r in played:  # feedback tokens inside the response are never trained on
+        after = r.response_mask[r.prompt_length:]
+        assert after.sum() > 0
+        if r.info["turns"] > 1:
+            assert (after == 0).any()
+    errors = [r for r in records if r.info.get("placeholder") == "error"]
+    timeouts = [r for r in records if r.info.get("placeholder") == "timeout"]
+    assert errors and timeouts
+    explorer_metrics = read_metrics(stage / "metrics" / "explorer-0.jsonl")
+    assert sum(m["env/errors"] for m in explorer_metrics) == 2 * len(errors) / 4
+    assert sum(m["env/timeouts"] for m in explorer_metrics) == 2 * len(timeouts) / 4
+    trainer_metrics = read_metrics(stage / "metrics" / "trainer.jsonl")
+    assert max(m["step"] for m in trainer_metrics) == 2
