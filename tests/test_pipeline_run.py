@@ -42,7 +42,9 @@ def stage(tmp_path_factory, tiny_model):
     args = ["run", PIPELINE, "--set", f"run.root={root}", "--set", f"model.path={tiny_model}",
             "--set", "stages=[]", "--set", "tasks.eval_size=16", "--set", "explorer.count=1",
             "--set", "explorer.tasks_per_step=4", "--set", "trainer.batch_size=32",
-            "--set", "trainer.steps=4", "--set", "eval.interval=0"]
+            "--set", "trainer.steps=4", "--set", "eval.interval=0",
+            "--set", "pipeline.tasksets.0.tasks.eval_size=16",
+            "--set", "pipeline.tasksets.1.tasks.eval_size=16"]
     proc = subprocess.Popen([sys.executable, "-m", "rft_hpc.cli", *map(str, args)], cwd=ROOT,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     stage = root / "pipeline" / "stages" / "0-main"
@@ -93,7 +95,12 @@ def test_pipeline_metrics_shaping_and_filters_in_a_run(stage):
                      sum(r.task_id == t for r in before)) for t in {r.task_id for r in before}}
         picked = [t.task_id for t in stream.tasks_for(step, 0, rates)]
         assert [r.task_id for r in recs if r.step == step][::8] == picked
-    trainer = [r for r in read_metrics(stage / "metrics" / "trainer.jsonl") if "filter/kept" in r]
+    rows = read_metrics(stage / "metrics" / "trainer.jsonl")
+    evals = [r for r in rows if "eval_accuracy" in r]  # at the start and the end
+    assert [r["step"] for r in evals] == [0, 4]
+    assert all(0.0 <= r[f"taskset/{name}/eval_accuracy"] <= 1.0
+               for r in evals for name in ("add", "sub"))
+    trainer = [r for r in rows if "filter/kept" in r]
     assert len(trainer) == 4
     for r in trainer:
         dropped = r["filter/reward_std_filter/dropped"] + r["filter/response_length_filter/dropped"]

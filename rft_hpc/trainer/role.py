@@ -29,6 +29,7 @@ from rft_hpc.config import ExperimentConfig
 from rft_hpc.ledger import LedgerWriter, compact_refs
 from rft_hpc.monitor.metrics import MetricsWriter
 from rft_hpc.pipeline.filters import filter_batch
+from rft_hpc.pipeline.taskset_eval import taskset_accuracy, taskset_eval_tasks
 from rft_hpc.roles.common import (
     StopFlag,
     load_stage,
@@ -175,6 +176,11 @@ def _lead(trainer: Trainer, run: RunDir, stop: StopFlag, saved: TrainerState | N
     def accuracy() -> float:
         return trainer.accuracy(eval_tasks, weights() if trainer.sharded else None)
 
+    def set_accuracy() -> dict[str, float]:
+        """Accuracy on each task set's eval split (`pipeline.tasksets`)."""
+        full = weights() if trainer.sharded and set_evals else None
+        return taskset_accuracy(trainer, set_evals, full)
+
     def idle() -> None:
         followers.keepalive()
         if not clock.next_step_fits():
@@ -193,9 +199,10 @@ def _lead(trainer: Trainer, run: RunDir, stop: StopFlag, saved: TrainerState | N
     history = ledger.start(step, first_redone=step + 1)
     metrics = MetricsWriter(run.metrics, "trainer")
     _, eval_tasks = build_tasks(config.tasks, config.run.seed)
+    set_evals = taskset_eval_tasks(config)
     last_eval = last_saved = -1 if saved is None else step
     if step == 0 and eval_tasks:
-        metrics.log(0, {"eval_accuracy": accuracy()})
+        metrics.log(0, {"eval_accuracy": accuracy(), **set_accuracy()})
         last_eval = 0
 
     # versions an evaluator scores later are published even in mode train, and never pruned
@@ -247,7 +254,7 @@ def _lead(trainer: Trainer, run: RunDir, stop: StopFlag, saved: TrainerState | N
                 publisher.write_files(weights(), step)
                 published = step
             if config.eval.interval and step % config.eval.interval == 0 and eval_tasks:
-                values["eval_accuracy"] = accuracy()
+                values.update(eval_accuracy=accuracy(), **set_accuracy())
                 last_eval = step
             clock.observe_step(time.monotonic() - t1)
             values.update(seconds=time.monotonic() - t0, wait_seconds=t1 - t0,
@@ -270,7 +277,7 @@ def _lead(trainer: Trainer, run: RunDir, stop: StopFlag, saved: TrainerState | N
         if done:
             publisher.write_files(weights(), step)
             if eval_tasks and last_eval != step:
-                metrics.log(step, {"eval_accuracy": accuracy()})
+                metrics.log(step, {"eval_accuracy": accuracy(), **set_accuracy()})
         if trainer.sharded:  # the others took part in the final save and publish
             followers.send("stop")
         ledger.append("stop", step=step, reason="done" if done else stop.reason)
