@@ -118,3 +118,16 @@ def test_corrupt_model_file_and_missing_scheduler_are_refused(tmp_path, tiny_mod
     path.write_bytes(bytes(data))
     with pytest.raises(CheckpointError, match="corrupt"):
         load_trainer_state(tmp_path, model, optimizer)
+
+
+def test_config_hash_ignores_defaults_and_how_work_is_split():
+    from rft_hpc.config import ExperimentConfig
+    from rft_hpc.trainer.trainer import config_hash
+
+    base = {"model": {"path": "/models/m"}, "trainer": {"lr": 3e-5}}
+    plain = config_hash(ExperimentConfig.model_validate(base))
+    # a setting spelled out at its default (as an older rft-hpc, lacking it, implied)
+    spelled = {**base, "trainer": {"lr": 3e-5, "grad_clip": 1.0, "threads": 4, "steps": 7}}
+    assert config_hash(ExperimentConfig.model_validate(spelled)) == plain
+    changed = {**base, "trainer": {"lr": 1e-5}}
+    assert config_hash(ExperimentConfig.model_validate(changed)) != plain

@@ -10,11 +10,9 @@ def megatron_problem() -> str | None:
     "trainer.backend megatron ..."), or None when it can."""
     if importlib.util.find_spec("megatron.core") is None:
         return "needs megatron-core: pip install 'rft-hpc[megatron]'"
-    import torch
-
-    if not torch.cuda.is_available():
-        return ("needs NVIDIA GPUs (CUDA), and this machine has none: megatron-core runs "
-                "a GPTModel's forward only on CUDA. Use trainer.backend torch on CPUs")
+    # Not a CUDA check: `rft-hpc submit` runs this on login nodes, which have no GPUs. Once
+    # the training loop lands, the trainer role checks for CUDA where it runs.
     return ("is not wired into the trainer's training loop yet (the HF <-> Megatron weight "
             "conversion and the TP/PP gather are, see docs/megatron.md; "
-            "tools/device/megatron_check.py trains one step); use trainer.backend torch")
+            "tools/device/megatron_check.py trains one step on a GPU); use trainer.backend "
+            "torch")

@@ -60,13 +60,17 @@ log = logging.getLogger(__name__)
 
 
 def config_hash(config: ExperimentConfig) -> str:
-    """Hash of the settings a resumed trainer must share with the saved one."""
+    """Hash of the settings a resumed trainer must share with the saved one.
+
+    Settings left at their defaults do not count, so a checkpoint stays resumable by an
+    rft-hpc that has since gained settings (a job requeued after an upgrade).
+    """
     keep = config.model_dump(mode="json", include={"model", "buffer", "trainer", "algorithm",
-                                                   "tasks"})
+                                                   "tasks"}, exclude_defaults=True)
     # how the work is split (ranks, micro-batches, recomputation) may change on a resume
     for key in ("steps", "save_interval", "keep_checkpoints", "threads",
                 "micro_batch_tokens", "activation_checkpointing"):
-        keep["trainer"].pop(key, None)
+        keep.get("trainer", {}).pop(key, None)
     return hashlib.sha256(json.dumps(keep, sort_keys=True).encode()).hexdigest()[:16]
 
 
