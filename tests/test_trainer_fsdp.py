@@ -95,6 +95,16 @@ def test_activation_checkpointing_gives_the_same_gradients(tmp_path, tiny_model)
     assert_same_step(plain, recomputed, rtol=1e-6)
 
 
+def test_bfloat16_compute_keeps_float32_weights(tmp_path, tiny_model):
+    fp32 = one_step(tmp_path, tiny_model, fixed_batch("sft"), "fp32", algorithm="sft",
+                    kl_coef=0.0)
+    bf16 = one_step(tmp_path, tiny_model, fixed_batch("sft"), "bf16", algorithm="sft",
+                    kl_coef=0.0, dtype="bfloat16")
+    assert all(w.dtype == torch.float32 for w in bf16[0].values())
+    assert bf16[2]["loss"] != fp32[2]["loss"]  # the forward really ran in bfloat16
+    assert bf16[2]["loss"] == pytest.approx(fp32[2]["loss"], rel=2e-2)
+
+
 # -- FSDP2 over two Slurm tasks ----------------------------------------------------------------
 
 def fsdp_worker(config_path: str, out: str) -> None:
