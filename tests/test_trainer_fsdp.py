@@ -146,7 +146,7 @@ def fsdp_worker(config_path: str, out: str) -> None:
 
 def test_fsdp_step_on_two_slurm_tasks_matches_one_process(tmp_path, tiny_model, slurm_env):
     config = write_config(tmp_path / "config.yaml", tiny_model,
-                          trainer={**TRAINER, "parallel": "fsdp", "micro_batch_tokens": 40})
+                          trainer={**TRAINER, "parallel": "fsdp", "micro_batch_tokens": 24})
     script = [sys.executable, __file__, "fsdp", str(config), str(tmp_path)]
     env = {**rank_env(0, 2, tmp_path / "rdzv"), **slurm_env}
     for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):  # the ranks come from Slurm
@@ -178,11 +178,16 @@ def test_fsdp_step_on_two_slurm_tasks_matches_one_process(tmp_path, tiny_model, 
         assert float((w2 - w).abs().max()) <= 2 * lr, k
         torch.testing.assert_close(w2[clear], w[clear], rtol=1e-5, atol=2e-6, msg=k)
         clear_both[k] = clear & ((w2 - w).abs() <= 2e-6 + 1e-5 * w.abs())
+    # 24 tokens: rank 0's shard packs into 4 micro-batches, rank 1's into 3 (it runs one idle
+    # pass to take part in rank 0's fourth), one process packs the batch into 6
+    assert (one["values"]["micro_batches"], two["values"]["micro_batches"]) == (6, 7)
     for key in ("loss", "tokens", "grad_norm"):
         assert two["values"][key] == pytest.approx(one["values"][key], rel=1e-5), key
     # a second step after a save and restore (sharded optimizer state gathered, then loaded
     # into the shards of a fresh trainer) is still the single process's second step
     assert list(two["second"]) == list(one["weights"])
+    diff2 = max(float((one["second"][k] - two["second"][k]).abs().max()) for k in one["second"])
+    print(f"... after a save, a restore and a second step: max |weight diff| {diff2:.3g}")
     for k, w in one["second"].items():
         assert not torch.equal(w, one["weights"][k]), k
         assert float((two["second"][k] - w).abs().max()) <= 4 * lr, k
