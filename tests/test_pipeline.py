@@ -177,6 +177,13 @@ def test_taskset_metrics_and_pass_counts():
         "taskset/a/count": 2.0, "taskset/a/reward_mean": 0.5, "taskset/a/pass_rate": 0.5,
         "taskset/b/count": 1.0, "taskset/b/reward_mean": 1.5, "taskset/b/pass_rate": 1.0}
     assert pass_counts(es, 1.0) == {"x": (1.0, 2), "y": (1.0, 1)}
+    # a placeholder (a failed task's record without a response) counts nowhere
+    hole = exp(0.0, taskset="a", task_id="x")
+    hole.info["placeholder"] = "failed"
+    assert taskset_metrics([*es, hole], 1.0)["taskset/a/count"] == 2.0
+    assert pass_counts([*es, hole], 1.0)["x"] == (1.0, 2)
+    assert shape_rewards([hole], [FormatReward(pattern="x", penalty=-1.0)]) == {}
+    assert hole.reward == 0.0 and "raw_reward" not in hole.info
 
 
 def test_reward_shaping_chain():

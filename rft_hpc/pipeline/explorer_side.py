@@ -19,11 +19,17 @@ from rft_hpc.rundir import RunDir
 from rft_hpc.tasks.task import Task
 
 
+def real(experiences: Sequence[Experience]) -> list[Experience]:
+    """The rollouts that are not placeholders of a failed or dropped task."""
+    return [e for e in experiences if not e.info.get("placeholder")]
+
+
 def taskset_metrics(experiences: Sequence[Experience], pass_threshold: float,
                     ) -> dict[str, float]:
-    """`taskset/<name>/{count,reward_mean,pass_rate}` of the rollouts of each task set."""
+    """`taskset/<name>/{count,reward_mean,pass_rate}` of the rollouts of each task set
+    (placeholders of failed or dropped tasks left out)."""
     by_set: dict[str, list[float]] = defaultdict(list)
-    for e in experiences:
+    for e in real(experiences):
         by_set[e.taskset].append(e.reward)
     out: dict[str, float] = {}
     for name, rewards in sorted(by_set.items()):
@@ -36,9 +42,9 @@ def taskset_metrics(experiences: Sequence[Experience], pass_threshold: float,
 
 def pass_counts(experiences: Sequence[Experience], pass_threshold: float,
                 ) -> dict[str, tuple[float, int]]:
-    """task_id -> (passed rollouts, rollouts) of one step."""
+    """task_id -> (passed rollouts, rollouts) of one step (placeholders left out)."""
     counts: dict[str, tuple[float, int]] = {}
-    for e in experiences:
+    for e in real(experiences):
         passed, seen = counts.get(e.task_id, (0.0, 0))
         counts[e.task_id] = (passed + float(e.reward >= pass_threshold), seen + 1)
     return counts

@@ -2,7 +2,8 @@
 
 Each shaper reports `shaping/<name>/reward_change`: how much it moved the mean reward of the
 step's rollouts. Shapers see the response text (`info["response"]`) and the response tokens
-(the records' `response_mask`).
+(the records' `response_mask`). Placeholder records (`info["placeholder"]`: a task that failed
+or was dropped, with no response) are left alone.
 """
 
 from __future__ import annotations
@@ -36,9 +37,10 @@ def shaping_delta(shaper: ShaperConfig, e: Experience) -> float:
 
 def shape_rewards(experiences: Sequence[Experience], chain: Sequence[ShaperConfig],
                   ) -> dict[str, float]:
-    """Apply `chain` to the rewards of `experiences` in place; the first shaping stores the
-    reward before it as `info["raw_reward"]`. Returns the metrics."""
+    """Apply `chain` to the rewards of `experiences` (placeholders excepted) in place; the
+    first shaping stores the reward before it as `info["raw_reward"]`. Returns the metrics."""
     metrics: dict[str, float] = {}
+    experiences = [e for e in experiences if not e.info.get("placeholder")]
     if not chain or not experiences:
         return metrics
     for e in experiences:
