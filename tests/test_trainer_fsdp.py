@@ -62,9 +62,11 @@ def test_packing_keeps_each_micro_batch_within_the_budget():
     assert len(kept.weights) == len(kept.records)
 
 
-def test_micro_batches_give_the_whole_batch_step(tmp_path, tiny_model):
-    whole = one_step(tmp_path, tiny_model, fixed_batch("grpo"), "whole")
-    micro = one_step(tmp_path, tiny_model, fixed_batch("grpo"), "micro", micro_batch_tokens=40)
+@pytest.mark.parametrize("algorithm", ["grpo", "ppo"])  # ppo: critic rows per micro-batch
+def test_micro_batches_give_the_whole_batch_step(tmp_path, tiny_model, algorithm):
+    whole = one_step(tmp_path, tiny_model, fixed_batch("grpo"), "whole", algorithm=algorithm)
+    micro = one_step(tmp_path, tiny_model, fixed_batch("grpo"), "micro", algorithm=algorithm,
+                     micro_batch_tokens=40)
     assert micro[2]["micro_batches"] >= 3 and micro[2]["skipped_sequences"] == 0
     assert micro[2]["loss"] == pytest.approx(whole[2]["loss"], rel=1e-5, abs=1e-7)
     assert micro[2]["tokens"] == whole[2]["tokens"]
