@@ -85,6 +85,28 @@ def collective_receiver(folder: str, rid: int, last: int, queue, die_on: int | N
     r.close()
 
 
+def reusing_receiver(folder: str, queue) -> None:
+    """Receives three versions over gloo, giving the first back and keeping the second;
+    reports each one's digests and the address of its first tensor, then the second's
+    digests once the third is in."""
+    from rft_hpc.sync.collective import CollectiveReceiver
+
+    r = CollectiveReceiver(folder, 0, backend="gloo", timeout=10, poll=0.01)
+    kept: tuple[int, dict] | None = None
+    for i in range(3):
+        got = r.receive(wait=60)
+        assert got is not None
+        version, state = got
+        queue.put(["got", version, digests(state), next(iter(state.values())).data_ptr()])
+        if i == 0:
+            r.give_back(state)
+        elif i == 1:
+            kept = got
+    assert kept is not None
+    queue.put(["kept", kept[0], digests(kept[1]), 0])
+    r.close()
+
+
 def _mpi_main(argv: list[str]) -> int:
     """`sync_workers.py <mode> <out.jsonl> [args]`: an MPI participant writing JSON lines."""
     from mpi4py import MPI

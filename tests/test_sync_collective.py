@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from sync_workers import collective_receiver, digests, state_for
+from sync_workers import collective_receiver, digests, reusing_receiver, state_for
 
 from rft_hpc.sync.collective import CollectiveSender
 from rft_hpc.sync.fabric import (
@@ -65,6 +65,26 @@ def test_versions_arrive_intact(tmp_path: Path):
         for _, _, v, dig in mine:
             assert dig == digests(state_for(v))
     assert sender.generation == 1
+
+
+def test_given_back_buffers_are_reused_and_kept_ones_never_overwritten(tmp_path: Path):
+    q = CTX.Queue()
+    proc = CTX.Process(target=reusing_receiver, args=(str(tmp_path), q))
+    proc.start()
+    sender = CollectiveSender(tmp_path, 1, timeout=20, join_timeout=60, bucket_mb=0.25)
+    for v in (3, 4, 5):  # one layout (BIG_VERSIONS have another)
+        assert sender.send(state_for(v), v) == [0]
+    got = collect(q, 4)
+    sender.close()
+    proc.join(30)
+    assert proc.exitcode == 0
+    assert [(kind, v) for kind, v, _, _ in got] == [("got", 3), ("got", 4), ("got", 5),
+                                                     ("kept", 4)]
+    for _, v, dig, _ in got:
+        assert dig == digests(state_for(v))  # v4 intact although v5 came after it
+    address = {v: ptr for kind, v, _, ptr in got if kind == "got"}
+    assert address[4] == address[3]  # v3 given back: v4 landed in its buffers
+    assert address[5] != address[4]  # v4 kept: v5 got buffers of its own
 
 
 def test_killed_receiver_fails_the_sync_then_a_new_generation_works(tmp_path: Path):

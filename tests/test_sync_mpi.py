@@ -52,7 +52,9 @@ def test_connect_accept_survives_a_killed_receiver(tmp_path: Path):
     survivor = start(1, "port-receiver", str(out), folder, "0", "4")
     doomed = start(1, "port-receiver", str(out), folder, "1", "4", "2")
     finish(doomed, ok={9, 137, -9})  # mpiexec reports the SIGKILL
+    deadline = time.monotonic() + 120
     while not any(g[:2] == ["sent", 3] for g in reports(out)):
+        assert time.monotonic() < deadline, reports(out)  # a failed v3 must fail, not hang
         time.sleep(0.1)
     restarted = start(1, "port-receiver", str(out), folder, "1", "4")
     for proc in (sender, survivor, restarted):

@@ -59,7 +59,8 @@ class HFEngine:
         """Version of the weights loaded (0 = the initial model)."""
 
     def load_weights(self, state_dict: Mapping[str, torch.Tensor], version: int) -> None:
-        """Replace the model's weights in place with a published state dict."""
+        """Replace the model's weights in place with a published state dict (copied: the
+        caller may reuse its tensors afterwards)."""
         self.model.load_state_dict(state_dict, strict=True)
         self.version = version
 

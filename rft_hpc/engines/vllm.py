@@ -104,7 +104,8 @@ class VLLMEngine:
         return list(self.tokenizer(prompt, add_special_tokens=True)["input_ids"])
 
     def load_weights(self, state_dict: Mapping[str, torch.Tensor], version: int) -> None:
-        """Replace the engine's weights in place with a published (Hugging Face) state dict.
+        """Replace the engine's weights in place with a published (Hugging Face) state dict
+        (copied into vLLM's parameters: the caller may reuse its tensors afterwards).
 
         Every tensor of the model folder must be given (as HFEngine's strict load wants);
         this is checked before anything reaches vLLM, whose reload only warns about missing

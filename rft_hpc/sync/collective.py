@@ -42,7 +42,7 @@ import torch.distributed as dist
 from rft_hpc.rundir import atomic_write_text
 from rft_hpc.sync.fabric import (
     DEFAULT_BUCKET_MB,
-    Destination,
+    BufferPool,
     Layout,
     SyncFailed,
     crc32_of,
@@ -295,6 +295,12 @@ class CollectiveReceiver:
         self._group: _Group | None = None
         self._token = ""
         self._layouts: dict[str, Layout] = {}
+        self.pool = BufferPool()
+
+    def give_back(self, state_dict: Mapping[str, torch.Tensor]) -> None:
+        """Receive a later version into the buffers of `state_dict` (a dict `receive`
+        returned, no longer used: e.g. copied into the engine)."""
+        self.pool.give_back(state_dict)
 
     def receive(self, wait: float | None = None) -> tuple[int, dict[str, torch.Tensor]] | None:
         """The next version the sender sends: `(version, state_dict)`.
@@ -359,7 +365,7 @@ class CollectiveReceiver:
                 self._layouts[digest] = Layout.from_json(group.store.get(f"layout/{digest}"))
             layout = self._layouts[digest]
             pieces = plan(layout)
-            dest = Destination(layout, pieces, self.device)
+            dest = self.pool.get(layout, pieces, self.device)
             assert group.pg is not None
             _transfer(group.pg, dest.buffers, deadline, version)
             ok = message["crc32"] is None or crc32_of(dest.buffers) == message["crc32"]
@@ -371,7 +377,7 @@ class CollectiveReceiver:
             if isinstance(e, SyncFailed | KeyboardInterrupt):
                 raise
             raise SyncFailed(f"v{version}: {e}", version) from e
-        return version, dest.state_dict()
+        return version, self.pool.lend(dest)
 
     def _leave(self) -> None:
         if self._group is not None:

@@ -20,6 +20,7 @@ import hashlib
 import json
 import threading
 import zlib
+from collections import OrderedDict
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Protocol
@@ -157,7 +158,7 @@ class Destination:
     """
 
     def __init__(self, layout: Layout, pieces: list[Piece], device: torch.device) -> None:
-        self.layout = layout
+        self.layout, self.device = layout, device
         self.tensors: list[torch.Tensor | None] = [None] * len(layout.tensors)
         self.buffers: list[torch.Tensor] = []
         for p in pieces:
@@ -185,6 +186,57 @@ class Destination:
                                                     strict=True) if t is not None}
 
 
+class BufferPool:
+    """Receive buffers handed back by the caller, reused by later receives of the same layout.
+
+    Receiving into fresh memory costs a page fault per page on CPUs, about as long as the
+    transfer itself; a receiver whose caller gives its buffers back (`give_back`, once the
+    engine has copied the weights in) receives the next version into the same, already
+    mapped, memory. A state dict not given back is never overwritten: the pool remembers
+    only the last `lent` dicts it handed out (holding them), and forgets older ones. Thread-
+    safe: a background receiver takes buffers while the explorer gives others back.
+    """
+
+    def __init__(self, lent: int = 2, spares: int = 2) -> None:
+        self._max_lent, self._spares = lent, spares
+        self._lock = threading.Lock()
+        self._free: dict[str, list[Destination]] = {}
+        # id -> (the dict itself, so that its id stays unique while remembered; its buffers)
+        self._lent: OrderedDict[int, tuple[dict[str, torch.Tensor], Destination]] = \
+            OrderedDict()
+
+    @staticmethod
+    def _key(layout: Layout, device: torch.device) -> str:
+        return f"{layout.digest()}@{device}"
+
+    def get(self, layout: Layout, pieces: list[Piece], device: torch.device) -> Destination:
+        """A destination for one sync of `layout`: a given-back one if any, else new."""
+        with self._lock:
+            free = self._free.get(self._key(layout, device))
+            dest = free.pop() if free else None
+        return dest or Destination(layout, pieces, device)
+
+    def lend(self, dest: Destination) -> dict[str, torch.Tensor]:
+        """`dest`'s state dict, remembered so that `give_back` can recognise it."""
+        state = dest.state_dict()
+        with self._lock:
+            self._lent[id(state)] = (state, dest)
+            while len(self._lent) > self._max_lent:
+                self._lent.popitem(last=False)
+        return state
+
+    def give_back(self, state_dict: Mapping[str, torch.Tensor]) -> None:
+        """Let a later receive overwrite the buffers of `state_dict` (a dict `lend` returned;
+        anything else is ignored). The caller must not use its tensors afterwards."""
+        with self._lock:
+            lent = self._lent.pop(id(state_dict), None)
+            if lent is not None:
+                dest = lent[1]
+                free = self._free.setdefault(self._key(dest.layout, dest.device), [])
+                if len(free) < self._spares:
+                    free.append(dest)
+
+
 def crc32_of(buffers: Iterator[torch.Tensor] | list[torch.Tensor]) -> int:
     """zlib CRC-32 of the concatenated bytes of uint8 tensors (copied off a GPU if needed)."""
     crc = 0
@@ -201,6 +253,9 @@ class Receiver(Protocol):
         ...
 
     def close(self) -> None:
+        ...
+
+    def give_back(self, state_dict: Mapping[str, torch.Tensor]) -> None:
         ...
 
 
@@ -237,16 +292,23 @@ class BackgroundReceiver:
                 return
             if got is not None:
                 with self._lock:
-                    self._newest = got
+                    dropped, self._newest = self._newest, got
+                if dropped is not None:  # superseded before anyone took it
+                    self.receiver.give_back(dropped[1])
         self.receiver.close()
 
     def take(self) -> tuple[int, dict[str, torch.Tensor]] | None:
-        """The newest version received since the last call, or None; re-raises a crash."""
+        """The newest version received since the last call, or None; re-raises a crash.
+        Give its state dict back (`give_back`) once the engine has copied it in."""
         if self._error is not None:
             raise RuntimeError("the weight-sync thread crashed") from self._error
         with self._lock:
             got, self._newest = self._newest, None
         return got
+
+    def give_back(self, state_dict: Mapping[str, torch.Tensor]) -> None:
+        """The receiver may receive a later version into `state_dict`'s buffers."""
+        self.receiver.give_back(state_dict)
 
     def close(self, timeout: float = 30.0) -> None:
         """Stop the thread (after the receive in progress) and close the receiver."""

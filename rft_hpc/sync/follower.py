@@ -57,7 +57,8 @@ class WeightFollower:
         if self.receiver is not None:
             got = self.receiver.take()
             if got is not None:
-                self.engine.load_weights(got[1], got[0])
+                self.engine.load_weights(got[1], got[0])  # copies: the buffers are free again
+                self.receiver.give_back(got[1])
             self.fallbacks += len(self.receiver.failures)
             self.receiver.failures.clear()
         while True:
@@ -96,7 +97,9 @@ class WeightFollower:
             return
         end = time.monotonic() + timeout
         while not self._trainer_done() and not self.stop and time.monotonic() < end:
-            self.receiver.take()
+            got = self.receiver.take()
+            if got is not None:
+                self.receiver.give_back(got[1])
             time.sleep(poll)
 
     def close(self) -> None:

@@ -42,7 +42,7 @@ from mpi4py import MPI
 from rft_hpc.rundir import atomic_write_text
 from rft_hpc.sync.fabric import (
     DEFAULT_BUCKET_MB,
-    Destination,
+    BufferPool,
     Layout,
     SyncFailed,
     crc32_of,
@@ -200,12 +200,18 @@ class MpiReceiver:
     """Receives versions sent by `MpiSender` from rank `root` of `comm`."""
 
     def __init__(self, comm: MPI.Intracomm, *, root: int = 0, timeout: float = 120.0,
-                 poll: float = 0.01) -> None:
+                 poll: float = 0.01, pool: BufferPool | None = None) -> None:
         self.link = _Link(comm, root, "world")
         self.timeout, self.poll = timeout, poll
         self.closed = False
+        self.pool = pool or BufferPool()
         self._head = np.zeros(6, np.int64)
         self._layout: Layout | None = None
+
+    def give_back(self, state_dict: Mapping[str, torch.Tensor]) -> None:
+        """Receive a later version into the buffers of `state_dict` (a dict `receive`
+        returned, no longer used: e.g. copied into the engine)."""
+        self.pool.give_back(state_dict)
 
     def receive(self, wait: float | None = None) -> tuple[int, dict[str, torch.Tensor]] | None:
         """The next version: `(version, state_dict)` of CPU tensors.
@@ -253,7 +259,7 @@ class MpiReceiver:
             raise SyncFailed(f"v{version}: {link.error}", version)
         assert self._layout is not None
         pieces = plan(self._layout)
-        dest = Destination(self._layout, pieces, _CPU)
+        dest = self.pool.get(self._layout, pieces, _CPU)
         for buf in dest.buffers:
             link.post(link.comm.Ibcast(_np(buf), root=link.root), buf)
             _drain([link], deadline, keep=_WINDOW)
@@ -267,7 +273,7 @@ class MpiReceiver:
             link.error = "checksum mismatch"
         if link.error is not None:
             raise SyncFailed(f"v{version}: {link.error}", version)
-        return version, dest.state_dict()
+        return version, self.pool.lend(dest)
 
     def close(self) -> None:
         """Stop using the communicator (a pending announcement is abandoned, not freed)."""
@@ -363,6 +369,11 @@ class MpiPortReceiver:
         self.timeout, self.poll = timeout, poll
         self.generation: str | None = None
         self._inner: MpiReceiver | None = None
+        self.pool = BufferPool()  # outlives reconnections
+
+    def give_back(self, state_dict: Mapping[str, torch.Tensor]) -> None:
+        """See `MpiReceiver.give_back`."""
+        self.pool.give_back(state_dict)
 
     def _port(self) -> tuple[str, str] | None:
         try:
@@ -388,7 +399,7 @@ class MpiPortReceiver:
                 time.sleep(self.poll)
         inter = self.comm.Connect(port, root=0)
         self._inner = MpiReceiver(inter.Merge(high=True), root=0, timeout=self.timeout,
-                                  poll=self.poll)
+                                  poll=self.poll, pool=self.pool)
         self.generation = gen
         return True
 
