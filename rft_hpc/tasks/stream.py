@@ -4,6 +4,9 @@ The stream is a sequence of seeded permutations of the training tasks (one per e
 Global step s gives `tasks_per_step` tasks to each of the E explorers, consecutive in the
 stream, so every explorer sees different tasks and a restarted explorer redoes exactly the
 tasks of the steps it had not committed.
+
+The explorers take their tasks from `rft_hpc.pipeline.stream.MixedTaskStream`, whose default
+`shuffle` selector over a single task set gives exactly this stream (docs/pipeline.md).
 """
 
 from __future__ import annotations
