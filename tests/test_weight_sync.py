@@ -145,12 +145,12 @@ def test_version_pruned_while_loading_raises_gone_and_latest_loader_retries(tmp_
     real_load = sync.load_safetensors
     calls = []
 
-    def publish_newer_then_read(path):
+    def publish_newer_then_read(path, buffer=None):
         # the trainer publishes v2 with keep=1 right after the reader read v1's manifest
         if not calls:
             publish_weights(tmp_path, {"x": torch.ones(3)}, 2, keep=1)
         calls.append(path)
-        return real_load(path)
+        return real_load(path, buffer)
 
     monkeypatch.setattr(sync, "load_safetensors", publish_newer_then_read)
     with pytest.raises(WeightsGone):
@@ -237,3 +237,19 @@ def test_model_loaded_from_published_weights_gives_identical_logits(tmp_path, ti
     with torch.no_grad():
         assert torch.equal(explorer(ids).logits, trained(ids).logits)
     assert version_dir(tmp_path, 3).is_dir()
+
+
+def test_loads_into_a_reused_buffer_give_each_version_whole(tmp_path):
+    from rft_hpc.sync.storage import ReadBuffer
+
+    buffer = ReadBuffer()
+    big = {"w": torch.arange(1000, dtype=torch.float32), "b": torch.ones(7, dtype=torch.bfloat16)}
+    small = {"w": torch.full((10,), 3.0), "b": torch.zeros(7, dtype=torch.bfloat16)}
+    publish_weights(tmp_path, big, 1, keep=5)
+    publish_weights(tmp_path, small, 2, keep=5)
+    first = load_weights(tmp_path, 1, buffer)
+    assert torch.equal(first["w"], big["w"]) and torch.equal(first["b"], big["b"])
+    address = first["w"].untyped_storage().data_ptr()
+    second = load_weights(tmp_path, 2, buffer)  # smaller: into the same memory
+    assert torch.equal(second["w"], small["w"]) and torch.equal(second["b"], small["b"])
+    assert second["w"].untyped_storage().data_ptr() == address

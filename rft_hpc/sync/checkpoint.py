@@ -27,6 +27,7 @@ from rft_hpc.rundir import atomic_write_json, atomic_write_text, read_json, weig
 from rft_hpc.sync.storage import (
     CHECKSUM_ALGORITHM,
     FileDigest,
+    ReadBuffer,
     commit_folder,
     dtype_name,
     load_safetensors,
@@ -120,13 +121,15 @@ def latest_weights_version(weights_dir: str | Path) -> int | None:
         raise WeightsError(f"{path} does not hold a version number: {text[:40]!r}") from None
 
 
-def load_weights(weights_dir: str | Path, version: int) -> dict[str, torch.Tensor]:
+def load_weights(weights_dir: str | Path, version: int,
+                 buffer: ReadBuffer | None = None) -> dict[str, torch.Tensor]:
     """Load weights version `version` as CPU tensors, verified against its manifest.
 
     Every file's size and checksum, and every tensor's name, dtype and shape, must match the
     manifest. Raises `WeightsGone` when the version was deleted before or during the load (a
     newer one exists: load that), `WeightsError` for anything else (never published,
-    corrupted, unknown format). The tensors are views of one buffer per file.
+    corrupted, unknown format). The tensors are views of one buffer per file: of `buffer`
+    (valid until its next use; for a single-file model) when given.
     """
     folder = version_dir(weights_dir, version)
     try:
@@ -140,7 +143,8 @@ def load_weights(weights_dir: str | Path, version: int) -> dict[str, torch.Tenso
     for entry in manifest["files"]:
         path = folder / entry["name"]
         try:
-            part, digest = load_safetensors(path)
+            part, digest = load_safetensors(path, buffer if len(manifest["files"]) == 1
+                                            else None)
         except (OSError, ValueError) as e:
             raise _failure(folder, manifest, f"cannot read {path}: {e}") from e
         expected = FileDigest(entry["bytes"], entry["checksum"])

@@ -17,6 +17,7 @@ from rft_hpc.roles.lifecycle import JobClock
 from rft_hpc.rundir import RunDir
 from rft_hpc.sync.checkpoint import WeightsGone, latest_weights_version, load_weights
 from rft_hpc.sync.publisher import fabric_backend, sync_folder
+from rft_hpc.sync.storage import ReadBuffer
 
 
 def build_receiver(config: ExperimentConfig, run: RunDir, index: int) -> Any:
@@ -44,6 +45,7 @@ class WeightFollower:
                  receiver: Any = None) -> None:
         self.run, self.engine, self.stop, self.clock = run, engine, stop, clock
         self.receiver = receiver
+        self.read_buffer = ReadBuffer()  # the engine copies weights in: reuse it every load
         self.waited = 0.0
         self.fallbacks = 0
 
@@ -67,7 +69,8 @@ class WeightFollower:
                     self.receiver is not None and latest < self.engine.version):
                 return self.engine.version
             try:
-                self.engine.load_weights(load_weights(self.run.weights, latest), latest)
+                self.engine.load_weights(
+                    load_weights(self.run.weights, latest, self.read_buffer), latest)
                 return latest
             except WeightsGone:
                 continue  # pruned while we read it: a newer one exists

@@ -151,8 +151,10 @@ def bench_mpi(nbytes: int, receivers: int, repeat: int) -> dict:
 
 def bench_disk(folder: Path, nbytes: int, repeat: int) -> dict:
     from rft_hpc.sync.checkpoint import load_weights, publish_weights
+    from rft_hpc.sync.storage import ReadBuffer
 
     state = make_state(nbytes)
+    buffer = ReadBuffer()  # as the explorer's follower loads
     real = sum(t.nbytes for t in state.values())
     dd, ck = [], []
     for v in range(repeat):
@@ -165,7 +167,7 @@ def bench_disk(folder: Path, nbytes: int, repeat: int) -> dict:
         target.unlink()
         t0 = time.perf_counter()
         publish_weights(folder / "weights", state, v, keep=1)
-        load_weights(folder / "weights", v)
+        load_weights(folder / "weights", v, buffer)
         ck.append(time.perf_counter() - t0)
     return {"raw": median(dd), "rft": median(ck), "bytes": real}
 
