@@ -135,6 +135,9 @@ def test_over_rollout_carries_the_stragglers_into_the_next_step(engine):
     assert {r.task_id for r in second} == slow and m1["over_rollout/carried_in"] == 1
     assert all(r.info["carried_from"] == 0 and r.step == 1 for r in second)
     assert mt.in_flight == 0
+    mt.run_step(batch, first_group_id=8, step=2, seed=3)  # carries the slow one again
+    mt.close()  # a stop: the cancelled straggler is still reported for the next process
+    assert mt.in_flight == 1
 
 
 def test_guess_game_trains_end_to_end_with_faulty_environments(tmp_path, tiny_model):
@@ -167,3 +170,15 @@ def test_guess_game_trains_end_to_end_with_faulty_environments(tmp_path, tiny_mo
     assert sum(m["env/timeouts"] for m in explorer_metrics) == 2 * len(timeouts) / 4
     trainer_metrics = read_metrics(stage / "metrics" / "trainer.jsonl")
     assert max(m["step"] for m in trainer_metrics) == 2
+
+
+def test_stragglers_in_flight_at_a_restart_are_counted_as_lost(engine, tmp_path):
+    heartbeat = tmp_path / "explorer-0.json"
+    heartbeat.write_text(json.dumps({"status": "stopped", "in_flight": 3}))
+    mt = MultiTurnExplorer(engine, MultiTurnWorkflow(max_turns=1),
+                           TurnSettings(repeat=2, max_new_tokens=2, temperature=1.0),
+                           OverRolloutConfig(), heartbeat=heartbeat)
+    _, first = mt.run_step(tasks(1), first_group_id=0, step=5, seed=1)
+    _, second = mt.run_step(tasks(1, start=1), first_group_id=1, step=6, seed=1)
+    assert first["over_rollout/lost_on_restart"] == 3
+    assert second["over_rollout/lost_on_restart"] == 0

@@ -6,6 +6,10 @@ per trajectory of its group) live in one worker process, started from a fork ser
 forks of a clean interpreter that has imported rft_hpc.envs, never of the explorer with its
 torch threads). Every call waits at most the time the caller allows, in short slices so
 that a cancelled task lets go at once; a worker that overran is killed.
+
+Like every fork-server or spawn child, a worker imports the parent's main module unless it
+was run with `python -m package` (as the roles are: `python -m rft_hpc.cli`); a script that
+drives an explorer in-process should keep heavy imports under its `__main__` guard.
 """
 
 from __future__ import annotations

@@ -17,6 +17,7 @@ import queue
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -24,6 +25,7 @@ import numpy as np
 from rft_hpc.buffer.records import Experience
 from rft_hpc.config.workflow import MultiTurnWorkflow, OverRolloutConfig
 from rft_hpc.explorer.multiturn import SerialEngine, TaskOutcome, TurnSettings, run_task
+from rft_hpc.rundir import read_json
 from rft_hpc.tasks.task import Task
 
 
@@ -40,12 +42,21 @@ class MultiTurnExplorer:
     """Runs the tasks of each explorer step concurrently; see the module docstring."""
 
     def __init__(self, engine: Any, workflow: MultiTurnWorkflow, turn: TurnSettings,
-                 over_rollout: OverRolloutConfig) -> None:
+                 over_rollout: OverRolloutConfig, heartbeat: Path | None = None) -> None:
+        """`heartbeat`: the explorer's heartbeat file as a previous process left it; the
+        stragglers it had in flight (`in_flight`) are lost, reported as
+        `over_rollout/lost_on_restart` at the first step."""
         self.engine = engine if isinstance(engine, SerialEngine) else SerialEngine(engine)
         self.workflow, self.turn = workflow, turn
         self.over_rollout = over_rollout
         self._in_flight: list[_Running] = []
         self._done: queue.Queue[_Running] = queue.Queue()
+        self._lost = 0
+        if heartbeat is not None:
+            try:
+                self._lost = int(read_json(heartbeat).get("in_flight", 0))
+            except (OSError, ValueError, AttributeError):
+                self._lost = 0
 
     @property
     def in_flight(self) -> int:
@@ -133,11 +144,13 @@ class MultiTurnExplorer:
             "over_rollout/dropped": float(len(dropped)),
             "over_rollout/carried": float(carried),
             "over_rollout/carried_in": float(sum(r.started != step for r in finished)),
+            "over_rollout/lost_on_restart": float(self._lost),
             "env/errors": float(sum(o.errors for o in outcomes)),
             "env/timeouts": float(sum(o.timeouts for o in outcomes)),
             "env/retries": float(sum(o.retries for o in outcomes)),
             "env/failed_tasks": float(sum(o.status in ("error", "timeout") for o in outcomes)),
         }
+        self._lost = 0
         if trained:  # the metrics of real rollouts only
             rewards = np.array([e.reward for e in trained], dtype=np.float64)
             metrics.update(
@@ -148,7 +161,7 @@ class MultiTurnExplorer:
         return experiences, metrics
 
     def close(self) -> None:
-        """Cancel every task still running (their workers are killed within ~50 ms)."""
+        """Cancel every task still running (their workers are killed within ~50 ms); they
+        still count in `in_flight`, which the last heartbeat reports as lost."""
         for r in self._in_flight:
             r.cancel.set()
-        self._in_flight = []

@@ -75,7 +75,8 @@ def run_explorer(stage_dir: Path, index: int) -> int:
     if cfg.workflow.type == "multi_turn":  # tasks run in threads: one engine call at a time
         engine = SerialEngine(engine)
         multi_turn = MultiTurnExplorer(engine, cfg.workflow, TurnSettings(
-            cfg.repeat, cfg.max_new_tokens, cfg.temperature), cfg.over_rollout)
+            cfg.repeat, cfg.max_new_tokens, cfg.temperature), cfg.over_rollout,
+            heartbeat=run.state / f"{role}.json")
     clock = JobClock(config.launch.slurm.walltime_margin)
     follower = WeightFollower(run, engine, stop, clock, build_receiver(config, run, index))
     settings = SamplingSettings(cfg.repeat, cfg.max_new_tokens, cfg.temperature)
@@ -87,7 +88,8 @@ def run_explorer(stage_dir: Path, index: int) -> int:
 
     def beat(status: str) -> None:
         write_heartbeat(run, role, status=status, step=step, version=engine.version,
-                        restarts=history.restarts, redone=history.redone)
+                        restarts=history.restarts, redone=history.redone,
+                        in_flight=multi_turn.in_flight if multi_turn is not None else 0)
 
     try:
         while step < total and not stop:
