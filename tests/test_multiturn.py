@@ -8,12 +8,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from pydantic import ValidationError
 
 from rft_hpc.buffer.jsonl import iter_segments
 from rft_hpc.buffer.segment import read_segment
 from rft_hpc.config.workflow import MultiTurnWorkflow, OverRolloutConfig
 from rft_hpc.engines.hf import HFEngine
-from rft_hpc.envs.base import build_env
+from rft_hpc.envs.base import build_env, check_env
 from rft_hpc.envs.faulty import is_bad
 from rft_hpc.envs.guess import GuessEnv
 from rft_hpc.errors import UserError
@@ -61,6 +62,12 @@ def test_unknown_environment_is_a_user_error():
         build_env("no_such_env", {})
     with pytest.raises(UserError, match="refuses env_args"):
         build_env("guess", {"colour": 1})
+    with pytest.raises(UserError, match="refuses env_args"):  # checked without building one
+        check_env(FAULTY, {"sleep": 1.0, "colour": 1})
+    with pytest.raises(UserError, match="cannot be imported"):
+        check_env("no.such.module:Env", {})
+    with pytest.raises(ValidationError, match="unknown environment 'gues'"):
+        MultiTurnWorkflow(env="gues")
 
 
 def test_feedback_tokens_have_mask_0_and_replay_the_game(engine):

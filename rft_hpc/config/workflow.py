@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 
 class _Strict(BaseModel):
@@ -49,6 +49,16 @@ class MultiTurnWorkflow(_Strict):
     max_retry_times: int = Field(1, ge=0)
     """Attempts after the first for a task whose environment raised, died or timed out;
     a task that fails every attempt is dropped (no records) and counted in the metrics."""
+
+    @field_validator("env")
+    @classmethod
+    def _known_env(cls, name: str) -> str:
+        from rft_hpc.envs.base import registered_envs
+
+        if ":" not in name and name not in registered_envs():
+            raise ValueError(f"unknown environment {name!r}; registered: "
+                             f"{', '.join(registered_envs())}, or give package.module:Class")
+        return name
 
 
 WorkflowConfig = Annotated[SingleTurnWorkflow | MultiTurnWorkflow, Field(discriminator="type")]

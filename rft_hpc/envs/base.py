@@ -69,6 +69,30 @@ def build_env(name: str, args: dict[str, Any]) -> Environment:
     return env
 
 
+def check_env(name: str, args: dict[str, Any]) -> None:
+    """Raise `UserError` when `name` cannot be resolved or its constructor does not take
+    `args`, without building an environment (a constructor may be slow or hang)."""
+    import inspect
+
+    from rft_hpc.errors import UserError
+
+    _register_builtins()
+    factory = resolve(name, ENVIRONMENTS, "explorer.workflow.env")
+    try:
+        inspect.signature(factory).bind(**args)
+    except TypeError as exc:
+        raise UserError(f"explorer.workflow.env {name!r} refuses env_args {args}: {exc}") \
+            from exc
+    except ValueError:  # no signature to check (a builtin): the workers will tell
+        pass
+
+
+def registered_envs() -> list[str]:
+    """The names `explorer.workflow.env` may give without an import path."""
+    _register_builtins()
+    return sorted(ENVIRONMENTS)
+
+
 def _register_builtins() -> None:
     if not ENVIRONMENTS:
         from rft_hpc.envs.guess import GuessEnv

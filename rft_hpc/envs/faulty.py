@@ -31,8 +31,9 @@ class FaultyGuess(GuessEnv):
 
     def __init__(self, raise_every: int = 0, hang_every: int = 0, slow_every: int = 0,
                  sleep: float = 0.0, slow_factor: float = 10.0, hang_seconds: float = 3600.0,
-                 **guess_args: float) -> None:
-        super().__init__(**guess_args)  # type: ignore[arg-type]
+                 low: int = 0, high: int = 9, turn_penalty: float = 0.2,
+                 min_reward: float = 0.2) -> None:
+        super().__init__(low, high, turn_penalty, min_reward)
         self.every = {"raise": raise_every, "hang": hang_every, "slow": slow_every}
         self.sleep, self.slow_factor, self.hang_seconds = sleep, slow_factor, hang_seconds
         self.slow = False

@@ -24,6 +24,7 @@ import numpy as np
 
 from rft_hpc.buffer.records import Experience
 from rft_hpc.config.workflow import MultiTurnWorkflow, OverRolloutConfig
+from rft_hpc.envs.base import check_env
 from rft_hpc.explorer.multiturn import SerialEngine, TaskOutcome, TurnSettings, run_task
 from rft_hpc.rundir import read_json
 from rft_hpc.tasks.task import Task
@@ -48,6 +49,7 @@ class MultiTurnExplorer:
         `over_rollout/lost_on_restart` at the first step."""
         self.engine = engine if isinstance(engine, SerialEngine) else SerialEngine(engine)
         self.workflow, self.turn = workflow, turn
+        check_env(workflow.env, workflow.env_args)  # a bad name or env_args: UserError now
         self.over_rollout = over_rollout
         self._in_flight: list[_Running] = []
         self._done: queue.Queue[_Running] = queue.Queue()
