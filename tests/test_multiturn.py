@@ -138,9 +138,14 @@ def test_over_rollout_carries_the_stragglers_into_the_next_step(engine):
     first, m0 = mt.run_step(batch, first_group_id=0, step=0, seed=1)
     assert {r.task_id for r in first} == {t.task_id for t in batch} - slow
     assert m0["over_rollout/carried"] == 1 and mt.in_flight == 1
-    second, m1 = mt.run_step([], first_group_id=4, step=1, seed=2)  # waits for the carried
+    engine.version = 7  # new weights arrive between the steps
+    try:
+        second, m1 = mt.run_step([], first_group_id=4, step=1, seed=2)  # waits for the carried
+    finally:
+        engine.version = 0
     assert {r.task_id for r in second} == slow and m1["over_rollout/carried_in"] == 1
     assert all(r.info["carried_from"] == 0 and r.step == 1 for r in second)
+    assert all(r.info["first_version"] == 0 and r.policy_version == 7 for r in second)
     assert mt.in_flight == 0
     mt.run_step(batch, first_group_id=8, step=2, seed=3)  # carries the slow one again
     mt.close()  # a stop: the cancelled straggler is still reported for the next process

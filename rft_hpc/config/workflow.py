@@ -69,8 +69,8 @@ class OverRolloutConfig(_Strict):
     """Closing an explorer step before its slowest tasks are done (multi-turn workflows)."""
 
     ratio: float = Field(1.0, gt=0.0, le=1.0)
-    """Fraction of the step's tasks (new ones and those carried into it) whose completion
-    closes the step; 1.0 waits for every task (over-rollout off)."""
+    """The step closes once `ceil(ratio x tasks_per_step)` tasks are done (its new tasks
+    or stragglers carried into it); 1.0 waits for every task (over-rollout off)."""
 
     stragglers: Literal["drop", "carry"] = "drop"
     """Tasks still running when the step closes: `drop` cancels them (no records), `carry`

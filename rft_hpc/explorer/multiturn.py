@@ -118,9 +118,12 @@ class _Budget:
 
 
 def run_task(engine: SerialEngine, task: Task, workflow: MultiTurnWorkflow, turn: TurnSettings, *,
-             group_id: int, step: int, seed: int, cancel: threading.Event) -> TaskOutcome:
+             group_id: int, step: int, seed: int, cancel: threading.Event,
+             version: int | None = None) -> TaskOutcome:
     """Play `turn.repeat` trajectories of `task`, retrying failed attempts; never raises for
-    an environment's fault (see `TaskOutcome.status`)."""
+    an environment's fault (see `TaskOutcome.status`). The records' `policy_version` is
+    `version` (the weights when the task was started; default: the engine's now)."""
+    version = engine.version if version is None else version
     outcome = TaskOutcome()
     for attempt in range(workflow.max_retry_times + 1):
         outcome.retries = attempt
@@ -128,7 +131,7 @@ def run_task(engine: SerialEngine, task: Task, workflow: MultiTurnWorkflow, turn
         killed = True
         try:
             trajectories = _play(engine, worker, task, workflow, turn,
-                                 seed=_seed(seed, attempt), cancel=cancel)
+                                 seed=_seed(seed, attempt), cancel=cancel, version=version)
             killed = False
         except Cancelled:
             outcome.status = "cancelled"
@@ -151,7 +154,8 @@ def run_task(engine: SerialEngine, task: Task, workflow: MultiTurnWorkflow, turn
 
 
 def _play(engine: SerialEngine, worker: EnvWorker, task: Task, workflow: MultiTurnWorkflow,
-          turn: TurnSettings, *, seed: int, cancel: threading.Event) -> list[_Trajectory]:
+          turn: TurnSettings, *, seed: int, cancel: threading.Event,
+          version: int) -> list[_Trajectory]:
     # Starting the worker is not the environment's time (it is slow on a loaded node), but
     # a constructor that hangs must not block either: it gets a budget of its own.
     worker.wait_started(workflow.max_timeout, cancel)
@@ -161,7 +165,7 @@ def _play(engine: SerialEngine, worker: EnvWorker, task: Task, workflow: MultiTu
         prompt = engine.encode(str(budget.call(worker, "reset", i, task, _seed(seed, i),
                                                cancel=cancel)))
         trajectories.append(_Trajectory(list(prompt), [0] * len(prompt), [0.0] * len(prompt),
-                                        len(prompt), engine.version))
+                                        len(prompt), version))
     active = list(range(turn.repeat))
     for t in range(workflow.max_turns):
         if cancel.is_set():

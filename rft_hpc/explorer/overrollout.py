@@ -2,7 +2,7 @@
 
 Each task runs in a thread of its own (generation is serialized by `SerialEngine`; the
 environments run in worker processes), so a slow task holds only itself. A step closes once
-`ceil(ratio x in-flight tasks)` of the tasks running in it are done; the tasks still running
+`ceil(ratio x its new tasks)` tasks in flight (new or carried) are done; the tasks still running
 (stragglers) are dropped (cancelled: their environment workers are killed, no records) or
 carried: they run on and their records go into the step during which they finish. Records
 are written in the order of the tasks' stream positions, so with ratio 1 a step's records
@@ -35,6 +35,7 @@ class _Running:
     task: Task
     group_id: int
     started: int
+    version: int = 0
     cancel: threading.Event = field(default_factory=threading.Event)
     outcome: TaskOutcome | None = None
 
@@ -70,7 +71,7 @@ class MultiTurnExplorer:
             try:
                 running.outcome = run_task(self.engine, running.task, self.workflow, self.turn,
                                            group_id=running.group_id, step=step, seed=seed,
-                                           cancel=running.cancel)
+                                           cancel=running.cancel, version=running.version)
             except BaseException as exc:  # the step reports it, not the thread
                 running.outcome = TaskOutcome(status="crash", message=repr(exc))
             self._done.put(running)
@@ -79,16 +80,18 @@ class MultiTurnExplorer:
 
     def run_step(self, tasks: Sequence[Task], *, first_group_id: int, step: int, seed: int,
                  last: bool = False) -> tuple[list[Experience], dict[str, float]]:
-        """Start `tasks` (group ids `first_group_id + index`), wait for enough of the tasks
-        in flight, and return the finished tasks' records with the step's metrics.
+        """Start `tasks` (group ids `first_group_id + index`), wait until
+        `ceil(ratio x max(len(tasks), 1))` tasks in flight are done (all, if fewer are in
+        flight), and return the finished tasks' records with the step's metrics.
 
         A task that crashed the explorer's own code (not its environment) raises here.
         """
         for j, task in enumerate(tasks):
-            running = _Running(task, first_group_id + j, step)
+            running = _Running(task, first_group_id + j, step, self.engine.version)
             self._in_flight.append(running)
             self._start(running, step, seed + j)
-        need = math.ceil(self.over_rollout.ratio * len(self._in_flight) - 1e-9)
+        need = min(len(self._in_flight),
+                   math.ceil(self.over_rollout.ratio * max(len(tasks), 1) - 1e-9))
         finished: list[_Running] = []
         while len(finished) < need or not self._done.empty():
             running = self._done.get()
@@ -138,8 +141,9 @@ class MultiTurnExplorer:
                                              else outcome.status)
             for e in records:
                 e.step = step
-                if r.started != step:
-                    e.info["carried_from"] = r.started
+                if r.started != step:  # one version per explorer step (the ledger's, audited)
+                    e.info.update(carried_from=r.started, first_version=e.policy_version)
+                    e.policy_version = self.engine.version
             experiences.extend(records)
         metrics: dict[str, float] = {
             "tasks_finished": float(sum(o.status == "ok" for o in outcomes)),
