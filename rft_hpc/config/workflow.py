@@ -44,7 +44,7 @@ class MultiTurnWorkflow(_Strict):
     """Seconds the environment calls (reset, step) of one task attempt may take together,
     model generation not counted; past it the task's worker process is killed and the
     attempt fails as a timeout. Starting the worker and building its environments has a
-    budget of its own of the same length."""
+    budget of its own of the same length (at least 10 s)."""
 
     max_retry_times: int = Field(1, ge=0)
     """Attempts after the first for a task whose environment raised, died or timed out;

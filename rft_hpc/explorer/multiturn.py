@@ -98,6 +98,10 @@ class _Trajectory:
         self.logprobs.extend(logprobs if logprobs is not None else [0.0] * len(tokens))
 
 
+START_SECONDS = 10.0
+"""The least time a worker gets to start and build its environments."""
+
+
 def _seed(*parts: int) -> int:
     return int(np.random.SeedSequence(list(parts)).generate_state(1)[0])
 
@@ -156,9 +160,9 @@ def run_task(engine: SerialEngine, task: Task, workflow: MultiTurnWorkflow, turn
 def _play(engine: SerialEngine, worker: EnvWorker, task: Task, workflow: MultiTurnWorkflow,
           turn: TurnSettings, *, seed: int, cancel: threading.Event,
           version: int) -> list[_Trajectory]:
-    # Starting the worker is not the environment's time (it is slow on a loaded node), but
-    # a constructor that hangs must not block either: it gets a budget of its own.
-    worker.wait_started(workflow.max_timeout, cancel)
+    # Starting the worker is not the environment's time (a fork takes seconds on a loaded
+    # node), but a constructor that hangs must not block either: it gets a budget of its own.
+    worker.wait_started(max(workflow.max_timeout, START_SECONDS), cancel)
     budget = _Budget(workflow.max_timeout)
     trajectories = []
     for i in range(turn.repeat):
