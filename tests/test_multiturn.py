@@ -194,3 +194,13 @@ def test_stragglers_in_flight_at_a_restart_are_counted_as_lost(engine, tmp_path)
     _, second = mt.run_step(tasks(1, start=1), first_group_id=1, step=6, seed=1)
     assert first["over_rollout/lost_on_restart"] == 3
     assert second["over_rollout/lost_on_restart"] == 0
+
+
+def test_trajectories_stop_before_they_outgrow_the_model_context(engine):
+    limit = engine.model.config.max_position_embeddings
+    # a 3-digit secret that 2-token guesses never hit, ~3 tokens per turn: past the limit
+    mt = explorer(engine, env="guess", turns=200, low=100, high=999)
+    records, _ = mt.run_step(tasks(1), first_group_id=0, step=0, seed=1)
+    assert all(len(r.tokens) <= limit for r in records)
+    assert any(r.info["truncated"] for r in records)
+    assert all(r.info["truncated"] != r.info["done"] for r in records)

@@ -42,6 +42,12 @@ class SerialEngine:
         with self._lock:
             self._engine.load_weights(*args, **kwargs)
 
+    def context_limit(self) -> int | None:
+        """The longest sequence the model takes (its max positions), None when unknown."""
+        config = getattr(getattr(self._engine, "model", None), "config", None)
+        limit = getattr(config, "max_position_embeddings", None)
+        return int(limit) if isinstance(limit, int) else None
+
     def encode(self, text: str) -> list[int]:
         """Token ids of a prompt, with its special tokens (a fast tokenizer is not safe to
         use from several threads at once)."""
@@ -90,6 +96,7 @@ class _Trajectory:
     reward: float = 0.0
     turns: int = 0
     done: bool = False
+    truncated: bool = False
     actions: list[str] = field(default_factory=list)
 
     def add(self, tokens: Sequence[int], mask: int, logprobs: Sequence[float] | None) -> None:
@@ -171,9 +178,17 @@ def _play(engine: SerialEngine, worker: EnvWorker, task: Task, workflow: MultiTu
         trajectories.append(_Trajectory(list(prompt), [0] * len(prompt), [0.0] * len(prompt),
                                         len(prompt), version))
     active = list(range(turn.repeat))
+    limit = engine.context_limit()
     for t in range(workflow.max_turns):
         if cancel.is_set():
             raise Cancelled
+        if limit is not None:  # a turn that cannot fit in the model's context ends it
+            for i in active:
+                trajectories[i].truncated = (len(trajectories[i].tokens) + turn.max_new_tokens
+                                             > limit)
+            active = [i for i in active if not trajectories[i].truncated]
+            if not active:
+                break
         groups = engine.generate([trajectories[i].tokens for i in active], n=1,
                                  max_new_tokens=turn.max_new_tokens,
                                  temperature=turn.temperature, seed=_seed(seed, 1 << 20, t))
@@ -186,9 +201,14 @@ def _play(engine: SerialEngine, worker: EnvWorker, task: Task, workflow: MultiTu
             traj.reward += reward
             traj.turns += 1
             traj.done = done
-            if not done and t + 1 < workflow.max_turns and observation:
-                traj.add(engine.plain_tokens(observation), 0, None)
-        active = [i for i in active if not trajectories[i].done]
+            if not done and t + 1 < workflow.max_turns:
+                feedback = engine.plain_tokens(observation) if observation else []
+                if limit is not None and (len(traj.tokens) + len(feedback)
+                                          + turn.max_new_tokens > limit):
+                    traj.truncated = True  # the next turn would not fit
+                else:
+                    traj.add(feedback, 0, None)
+        active = [i for i in active if not (trajectories[i].done or trajectories[i].truncated)]
         if not active:
             break
     return trajectories
@@ -202,5 +222,6 @@ def _experience(traj: _Trajectory, task: Task, group_id: int, step: int,
         logprobs=np.asarray(traj.logprobs, np.float32), reward=float(traj.reward),
         task_id=task.task_id, group_id=group_id, taskset=task.taskset,
         policy_version=traj.version, step=step,
-        info={"turns": traj.turns, "done": traj.done, "actions": traj.actions,
+        info={"turns": traj.turns, "done": traj.done, "truncated": traj.truncated,
+              "actions": traj.actions,
               "attempt": attempt, "finished": traj.done})
