@@ -48,7 +48,8 @@ class MultiTurnWorkflow(_Strict):
 
     max_retry_times: int = Field(1, ge=0)
     """Attempts after the first for a task whose environment raised, died or timed out;
-    a task that fails every attempt is dropped (no records) and counted in the metrics."""
+    a task that fails every attempt is given up (its records are placeholders that train
+    nothing) and counted in the metrics."""
 
     @field_validator("env")
     @classmethod
@@ -73,6 +74,8 @@ class OverRolloutConfig(_Strict):
     or stragglers carried into it); 1.0 waits for every task (over-rollout off)."""
 
     stragglers: Literal["drop", "carry"] = "drop"
-    """Tasks still running when the step closes: `drop` cancels them (no records), `carry`
-    lets them run on and writes their records in the step during which they finish.
-    Stragglers still running at the last step, or when the explorer stops, are dropped."""
+    """Tasks still running when the step closes: `drop` cancels them (placeholder records
+    that train nothing), `carry` lets them run on and writes their records in the step
+    during which they finish (use it with sync.offset >= 1). Stragglers still running at
+    the last step are dropped; those in flight when the explorer stops are lost (counted
+    by the next process)."""

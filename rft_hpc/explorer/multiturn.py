@@ -6,7 +6,7 @@ The sequence of a trajectory is the first observation (the prompt), then each po
 is the sum of the turns' rewards. A task plays `repeat` trajectories (its GRPO group) against
 `repeat` environments in one worker process (`rft_hpc.envs.worker`); a failed attempt (the
 environment raised, died, or overran `max_timeout`) is retried up to `max_retry_times`
-times from scratch, then the task is given up: no records, counted in the metrics.
+times from scratch, then the task is given up: no trajectories, counted in the metrics.
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 Each task runs in a thread of its own (generation is serialized by `SerialEngine`; the
 environments run in worker processes), so a slow task holds only itself. A step closes once
 `ceil(ratio x its new tasks)` tasks in flight (new or carried) are done; the tasks still running
-(stragglers) are dropped (cancelled: their environment workers are killed, no records) or
+(stragglers) are dropped (cancelled: their environment workers are killed; placeholder records) or
 carried: they run on and their records go into the step during which they finish. Records
 are written in the order of the tasks' stream positions, so with ratio 1 a step's records
 are the same after any restart. Carried stragglers live only in this process: an explorer
