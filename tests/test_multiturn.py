@@ -95,13 +95,14 @@ def test_feedback_tokens_have_mask_0_and_replay_the_game(engine):
         assert mask.sum() > 0 and (mask[r.prompt_length:] == 0).sum() == len(feedback)
 
 
-def test_raising_and_hanging_environments_cost_their_task_only(engine):
+def test_raising_dying_and_hanging_environments_cost_their_task_only(engine):
     batch = tasks(6)
     raising = [t.task_id for t in batch if is_bad(t.task_id, "raise", 5)]
+    raising += [t.task_id for t in batch if is_bad(t.task_id, "die", 4)]  # os._exit
     hanging = [t.task_id for t in batch if is_bad(t.task_id, "hang", 4)
                and t.task_id not in raising]
-    assert raising and hanging
-    mt = explorer(engine, raise_every=5, hang_every=4, timeout=1.0, retries=1)
+    assert len(raising) >= 2 and hanging
+    mt = explorer(engine, raise_every=5, die_every=4, hang_every=4, timeout=1.0, retries=1)
     records, metrics = mt.run_step(batch, first_group_id=0, step=0, seed=1)
     failed = {r.task_id: r.info.get("placeholder") for r in records if "placeholder" in r.info}
     assert failed == {**dict.fromkeys(raising, "error"), **dict.fromkeys(hanging, "timeout")}
