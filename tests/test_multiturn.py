@@ -38,10 +38,10 @@ def tasks(n, start=0):
 
 
 def explorer(engine, *, env=FAULTY, ratio=1.0, stragglers="drop", turns=3, timeout=5.0,
-             retries=1, **env_args):
+             retries=1, new_tokens=2, **env_args):
     workflow = MultiTurnWorkflow(env=env, env_args=env_args, max_turns=turns,
                                  max_timeout=timeout, max_retry_times=retries)
-    return MultiTurnExplorer(engine, workflow, TurnSettings(repeat=2, max_new_tokens=2,
+    return MultiTurnExplorer(engine, workflow, TurnSettings(repeat=2, max_new_tokens=new_tokens,
                                                             temperature=1.0),
                              OverRolloutConfig(ratio=ratio, stragglers=stragglers))
 
@@ -199,8 +199,8 @@ def test_stragglers_in_flight_at_a_restart_are_counted_as_lost(engine, tmp_path)
 
 def test_trajectories_stop_before_they_outgrow_the_model_context(engine):
     limit = engine.model.config.max_position_embeddings
-    # a 3-digit secret that 2-token guesses never hit, ~3 tokens per turn: past the limit
-    mt = explorer(engine, env="guess", turns=200, low=100, high=999)
+    # a 13-digit secret that 12-token guesses never hit, ~13 tokens per turn: past the limit
+    mt = explorer(engine, env="guess", turns=200, new_tokens=12, low=10**12, high=10**12 + 9)
     records, _ = mt.run_step(tasks(1), first_group_id=0, step=0, seed=1)
     assert all(len(r.tokens) <= limit for r in records)
     assert any(r.info["truncated"] for r in records)
