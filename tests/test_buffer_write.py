@@ -122,3 +122,17 @@ def test_a_segment_written_with_plain_h5py_high_level_calls_is_read(tmp_path):
                 zlib.crc32(values.tobytes()))
     seg = read_segment(path)
     assert (seg.step_start, seg.step_end) == (1, 2) and seg.records() == records
+
+
+def test_info_is_encoded_as_sorted_compact_ascii_json():
+    import json
+
+    from rft_hpc.buffer.segment_write import _info_json
+
+    infos = [{}, {"sample": 3}, {"b": [1, 2.5, None], "a": {"z": "é\n\u0000", "y": True}},
+             {"nan": float("nan"), "big": 10**30, "neg": -0.0}]
+    for info in infos:
+        assert _info_json(info) == json.dumps(info, sort_keys=True, separators=(",", ":"),
+                                              ensure_ascii=True)
+    with pytest.raises(TypeError, match="not JSON serializable"):
+        _info_json({"x": object()})

@@ -12,6 +12,7 @@ HDF5 file: contiguous datasets, as `h5py.File.create_dataset(name, data=...)` ma
 from __future__ import annotations
 
 import json
+import json.encoder
 import os
 import threading
 import time
@@ -41,6 +42,11 @@ _C_CONTIGUOUS = attrgetter("flags.c_contiguous")
 # layer's per-call overhead.
 _T_CRC = h5t.py_create(np.dtype("<u4"))
 _JSON = json.JSONEncoder(separators=(",", ":"), sort_keys=True, ensure_ascii=True)
+# The C encoder behind `_JSON`, built once: `JSONEncoder.encode` builds a new one per call,
+# which costs more than encoding a small `info` (~1.2 of 2.6 us a record). Same output.
+_C_ENCODE = None if json.encoder.c_make_encoder is None else json.encoder.c_make_encoder(
+    None, _JSON.default, json.encoder.encode_basestring_ascii, None, ":", ",", True, False,
+    True)
 
 
 @dataclass
@@ -72,7 +78,9 @@ def _pack_strings(name: str, values: Sequence[str]) -> np.ndarray:
 
 
 def _info_json(info: dict[str, Any]) -> str:
-    return _JSON.encode(info) if info else "{}"
+    if not info:
+        return "{}"
+    return "".join(_C_ENCODE(info, 0)) if _C_ENCODE is not None else _JSON.encode(info)
 
 
 def _scalar_columns(schema: KindSchema, records: Sequence[Record]) -> dict[str, np.ndarray]:
