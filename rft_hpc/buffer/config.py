@@ -4,21 +4,19 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import Field, model_validator
+
+from rft_hpc.config_section import ConfigSection
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
-
-
-class FifoSampler(_Strict):
+class FifoSampler(ConfigSection):
     """Records in commit order: each writer's segments by step, writers in discovery order."""
 
     type: Literal["fifo"] = "fifo"
     """Selects first-in, first-out order."""
 
 
-class PrioritySampler(_Strict):
+class PrioritySampler(ConfigSection):
     """Highest `priority` first (ties in commit order); a reused record's priority decays."""
 
     type: Literal["priority"] = "priority"
@@ -27,7 +25,7 @@ class PrioritySampler(_Strict):
     """Factor applied to a record's priority each time it is taken (with `max_uses` > 1)."""
 
 
-class MixtureSampler(_Strict):
+class MixtureSampler(ConfigSection):
     """Draws from each task set in proportion to its weight (smooth weighted round robin)."""
 
     type: Literal["mixture"] = "mixture"
@@ -48,7 +46,7 @@ SamplerConfig = Annotated[FifoSampler | PrioritySampler | MixtureSampler,
                           Field(discriminator="type")]
 
 
-class BufferConfig(_Strict):
+class BufferConfig(ConfigSection):
     """The HDF5 experience buffer (docs/buffer-format.md)."""
 
     steps_per_segment: int = Field(1, ge=1)

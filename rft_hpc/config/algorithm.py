@@ -11,7 +11,9 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
+
+from rft_hpc.config_section import ConfigSection
 
 AlgorithmType = Literal["grpo", "ppo", "rloo", "reinforceplusplus", "opmd", "sft", "dpo", "mix"]
 KLFn = Literal["none", "k1", "k2", "k3", "low_var_kl", "abs"]
@@ -19,12 +21,10 @@ LossAggModeName = Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-me
                           "seq-mean-token-sum-norm"]
 
 
-class AlgorithmConfig(BaseModel):
+class AlgorithmConfig(ConfigSection):
     """The RFT algorithm (Trinity-RFT's `algorithm` section): a preset by `algorithm_type`,
     refined by the other keys. Names of functions are registered names or user plug-ins
     given as `package.module:function` (docs/algorithms.md)."""
-
-    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
 
     algorithm_type: AlgorithmType = "grpo"
     """The preset: `grpo`, `ppo` (GAE with a critic), `rloo`, `reinforceplusplus`, `opmd`,

@@ -6,13 +6,13 @@ these settings produce.
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
+
+from rft_hpc.config_section import ConfigSection
 
 
-class MegatronSettings(BaseModel):
+class MegatronSettings(ConfigSection):
     """Megatron-core parallelism of the trainer (`trainer.backend: megatron`)."""
-
-    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
 
     tensor_parallel: int = Field(1, ge=1)
     """GPUs that each layer's weights are cut over (tensor parallelism): attention by query

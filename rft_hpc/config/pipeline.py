@@ -10,37 +10,34 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import Field, model_validator
 
+from rft_hpc.config_section import ConfigSection
 from rft_hpc.tasks.config import TasksConfig
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
-
-
-class SequentialSelector(_Strict):
+class SequentialSelector(ConfigSection):
     """Tasks in the order of the task source, over and over."""
 
     type: Literal["sequential"] = "sequential"
     """Selects file order."""
 
 
-class ShuffleSelector(_Strict):
+class ShuffleSelector(ConfigSection):
     """A new seeded permutation of the tasks for every pass over them (epoch)."""
 
     type: Literal["shuffle"] = "shuffle"
     """Selects seeded epoch permutations (the default)."""
 
 
-class RandomSelector(_Strict):
+class RandomSelector(ConfigSection):
     """Each task drawn independently and uniformly (with replacement), seeded by position."""
 
     type: Literal["random"] = "random"
     """Selects uniform draws with replacement."""
 
 
-class Easy2HardSelector(_Strict):
+class Easy2HardSelector(ConfigSection):
     """A curriculum: tasks sorted by a difficulty given in the task data, easiest first;
     after the hardest task it starts again from the easiest."""
 
@@ -53,7 +50,7 @@ class Easy2HardSelector(_Strict):
     (`-`) or the answer's digits (`*`)."""
 
 
-class DifficultyBasedSelector(_Strict):
+class DifficultyBasedSelector(ConfigSection):
     """Priority by pass rate: each step draws tasks with weight
     exp(-|pass_rate - target| / temperature), so tasks the policy solves about `target` of
     the time come most often. Pass rates are what this explorer itself saw in its committed
@@ -76,7 +73,7 @@ SelectorConfig = Annotated[
     Field(discriminator="type")]
 
 
-class TaskSetConfig(_Strict):
+class TaskSetConfig(ConfigSection):
     """One task set of a mixture: its own source, selector and share of the tasks."""
 
     name: str = Field(min_length=1)
@@ -93,7 +90,7 @@ class TaskSetConfig(_Strict):
     """The order in which this set's tasks are taken."""
 
 
-class RewardStdFilter(_Strict):
+class RewardStdFilter(ConfigSection):
     """Drops whole groups (records of one task at one step) whose rewards hardly vary: they
     carry no learning signal for group-relative advantages (DAPO's dynamic sampling)."""
 
@@ -108,7 +105,7 @@ class RewardStdFilter(_Strict):
     whose rewards are all equal)."""
 
 
-class ResponseLengthFilter(_Strict):
+class ResponseLengthFilter(ConfigSection):
     """Drops rollouts whose response is shorter or longer than the limits (in tokens)."""
 
     type: Literal["response_length_filter"] = "response_length_filter"
@@ -124,7 +121,7 @@ class ResponseLengthFilter(_Strict):
     """Longest kept response; null: no upper limit."""
 
 
-class DuplicateFilter(_Strict):
+class DuplicateFilter(ConfigSection):
     """Drops rollouts whose response tokens equal an earlier rollout's of the same group."""
 
     type: Literal["duplicate_filter"] = "duplicate_filter"
@@ -138,7 +135,7 @@ FilterConfig = Annotated[RewardStdFilter | ResponseLengthFilter | DuplicateFilte
                          Field(discriminator="type")]
 
 
-class FormatReward(_Strict):
+class FormatReward(ConfigSection):
     """Adds `bonus` to the reward of a response that matches `pattern`, `penalty` to one
     that does not."""
 
@@ -161,7 +158,7 @@ class FormatReward(_Strict):
     """Added to the reward of a response that does not match (give a negative number)."""
 
 
-class LengthPenalty(_Strict):
+class LengthPenalty(ConfigSection):
     """Subtracts `coef` per response token beyond `max_tokens`."""
 
     type: Literal["length_penalty"] = "length_penalty"
@@ -186,7 +183,7 @@ def operator_name(op: RewardStdFilter | ResponseLengthFilter | DuplicateFilter
     return op.name or op.type
 
 
-class PipelineConfig(_Strict):
+class PipelineConfig(ConfigSection):
     """The data pipeline (docs/pipeline.md): which tasks each explorer step takes, how
     rewards are shaped before records enter the buffer, and which records the trainer drops
     before a step. KL shaping of the reward is `algorithm.kl_penalty_fn` (the reference model

@@ -11,7 +11,7 @@ import re
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, Field, field_validator, model_validator
 
 from rft_hpc.buffer.config import BufferConfig
 from rft_hpc.config.algorithm import AlgorithmConfig, AlgorithmType, sync_algorithm_type
@@ -23,6 +23,7 @@ from rft_hpc.config.workflow import (
     SingleTurnWorkflow,
     WorkflowConfig,
 )
+from rft_hpc.config_section import ConfigSection
 from rft_hpc.launch.config import LaunchConfig
 from rft_hpc.tasks.config import ArithmeticTasks, TasksConfig
 
@@ -31,11 +32,9 @@ Mode = Literal["both", "train", "explore", "bench"]
 _RUN_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 
 
-class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
 
 
-class RunConfig(_Section):
+class RunConfig(ConfigSection):
     """Where the run directory lives and how the run is seeded."""
 
     name: str = "demo"
@@ -60,7 +59,7 @@ class RunConfig(_Section):
         return name
 
 
-class ModelConfig(_Section):
+class ModelConfig(ConfigSection):
     """The policy model that the explorers sample from and the trainer updates."""
 
     path: Path | None = None
@@ -79,7 +78,7 @@ class ModelConfig(_Section):
     set by multi-stage runs to start a stage where the previous one ended."""
 
 
-class VLLMConfig(_Section):
+class VLLMConfig(ConfigSection):
     """The vLLM engine of each explorer (explorer.engine: vllm)."""
 
     tensor_parallel_size: int = Field(1, ge=1)
@@ -129,7 +128,7 @@ class VLLMConfig(_Section):
         return self
 
 
-class ExplorerConfig(_Section):
+class ExplorerConfig(ConfigSection):
     """The explorers: processes (Slurm array tasks) that turn tasks into scored rollouts."""
 
     count: int = Field(1, ge=1)
@@ -187,7 +186,7 @@ class ExplorerConfig(_Section):
         return -(-trainer.steps * trainer.batch_size // self.records_per_step())
 
 
-class TrainerConfig(TrainerBackendFields, _Section):
+class TrainerConfig(TrainerBackendFields, ConfigSection):
     """The trainer: reads experiences from the buffer, updates and publishes the policy."""
 
     algorithm: AlgorithmType = "grpo"
@@ -231,7 +230,7 @@ class TrainerConfig(TrainerBackendFields, _Section):
     """CPU threads of the trainer process (torch intra-op threads)."""
 
 
-class SyncConfig(_Section):
+class SyncConfig(ConfigSection):
     """How and how often new policy weights travel from the trainer to the explorers."""
 
     method: Literal["checkpoint", "nccl", "mpi"] = "checkpoint"
@@ -262,7 +261,7 @@ class SyncConfig(_Section):
     on."""
 
 
-class EvalConfig(_Section):
+class EvalConfig(ConfigSection):
     """Held-out evaluation: greedy exact-match accuracy on the task source's eval split."""
 
     interval: int = Field(0, ge=0)
@@ -291,7 +290,7 @@ class EvalConfig(_Section):
         return sorted({0, *middle, trainer_steps})
 
 
-class DataConfig(_Section):
+class DataConfig(ConfigSection):
     """Offline data imported into the buffer before a `train` stage starts."""
 
     source: Literal["tasks", "jsonl"] = "tasks"
@@ -310,7 +309,7 @@ class DataConfig(_Section):
     sampler it sets the share of offline (expert) records in each batch, as MIX wants."""
 
 
-class StageConfig(_Section):
+class StageConfig(ConfigSection):
     """One stage of a multi-stage run: the base config with these sections changed."""
 
     name: str
@@ -350,7 +349,7 @@ class StageConfig(_Section):
         return sync_algorithm_type(data)
 
 
-class ExperimentConfig(_Section):
+class ExperimentConfig(ConfigSection):
     """One RFT experiment: the whole content of a config file."""
 
     run: RunConfig = Field(default_factory=RunConfig)

@@ -8,19 +8,18 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
 from rft_hpc.config.megatron import MegatronSettings
+from rft_hpc.config_section import ConfigSection
 
 Backend = Literal["torch", "megatron"]
 Parallel = Literal["ddp", "fsdp"]
 ComputeDtype = Literal["auto", "float32", "bfloat16"]
 
 
-class TrainerBackendFields(BaseModel):
+class TrainerBackendFields(ConfigSection):
     """The trainer's engine: backend, data parallelism, micro-batches, memory savers."""
-
-    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
 
     backend: Backend = "torch"
     """Training engine: `torch` (plain PyTorch over the trainer's ranks, `parallel` says

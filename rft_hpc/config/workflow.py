@@ -8,21 +8,19 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import Field, field_validator
+
+from rft_hpc.config_section import ConfigSection
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
-
-
-class SingleTurnWorkflow(_Strict):
+class SingleTurnWorkflow(ConfigSection):
     """One response per rollout, scored by the task's reward function (the default)."""
 
     type: Literal["single_turn"] = "single_turn"
     """Selects the single-turn workflow: prompt -> response -> reward."""
 
 
-class MultiTurnWorkflow(_Strict):
+class MultiTurnWorkflow(ConfigSection):
     """Rollouts that talk with an environment: the policy's turns alternate with the
     environment's observations (which are in the sequence but never trained on)."""
 
@@ -66,7 +64,7 @@ WorkflowConfig = Annotated[SingleTurnWorkflow | MultiTurnWorkflow, Field(discrim
 """How an explorer turns a task into scored rollouts."""
 
 
-class OverRolloutConfig(_Strict):
+class OverRolloutConfig(ConfigSection):
     """Closing an explorer step before its slowest tasks are done (multi-turn workflows)."""
 
     ratio: float = Field(1.0, gt=0.0, le=1.0)

@@ -11,7 +11,9 @@ from __future__ import annotations
 import re
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
+from pydantic import Field, ValidationInfo, field_validator
+
+from rft_hpc.config_section import ConfigSection
 
 _SECRET_NAME = re.compile(r"KEY|TOKEN|SECRET|PASSWORD|PASSWD|PASSPHRASE|CREDENTIAL|AUTH",
                           re.IGNORECASE)
@@ -27,11 +29,9 @@ def looks_secret(name: str) -> bool:
     return bool(_SECRET_NAME.search(name))
 
 
-class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
 
 
-class ContainerConfig(_Section):
+class ContainerConfig(ConfigSection):
     """An Apptainer/Singularity image that the role's command runs in."""
 
     image: str
@@ -50,7 +50,7 @@ class ContainerConfig(_Section):
     requests GPUs."""
 
 
-class SlurmRoleConfig(_Section):
+class SlurmRoleConfig(ConfigSection):
     """Slurm settings of one role's jobs (each becomes an `#SBATCH` line when set)."""
 
     partition: str | None = None
@@ -192,7 +192,7 @@ HELPER_DEFAULTS = {"nodes": 1, "tasks_per_node": 1, "gpus_per_node": 0, "cpus_pe
 """Resources of the helper jobs unless `launch.slurm.helper` sets them."""
 
 
-class SlurmConfig(_Section):
+class SlurmConfig(ConfigSection):
     """Per-role Slurm settings and the jobs' warning signal."""
 
     explorer: SlurmRoleConfig = Field(default_factory=SlurmRoleConfig)
@@ -245,7 +245,7 @@ class SlurmConfig(_Section):
         return SlurmRoleConfig.model_validate({**inherited, **HELPER_DEFAULTS, **given})
 
 
-class LaunchConfig(_Section):
+class LaunchConfig(ConfigSection):
     """How `rft-hpc submit` runs the roles as Slurm jobs, and how the run directory is shared."""
 
     slurm: SlurmConfig = Field(default_factory=SlurmConfig)

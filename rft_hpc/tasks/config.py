@@ -5,14 +5,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
+
+from rft_hpc.config_section import ConfigSection
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
-
-
-class ArithmeticTasks(_Strict):
+class ArithmeticTasks(ConfigSection):
     """Generated problems `a<op>b=` with an exact-match answer reward."""
 
     type: Literal["arithmetic"] = "arithmetic"
@@ -31,7 +29,7 @@ class ArithmeticTasks(_Strict):
     """Reward function: a registered name or `package.module:function`."""
 
 
-class JsonlTasks(_Strict):
+class JsonlTasks(ConfigSection):
     """Tasks from JSONL files: one `{"prompt": ..., "answer": ...}` object per line."""
 
     type: Literal["jsonl"] = "jsonl"
