@@ -10,9 +10,9 @@ same optimizer step, so the replicas stay identical.
 Where the ranks come from (`init_distributed`), first match wins:
 
 - torchrun style: `WORLD_SIZE`, `RANK`, `LOCAL_RANK` (default `SLURM_LOCALID`, else 0);
-- Slurm tasks: `SLURM_PROCID`, `SLURM_STEP_NUM_TASKS` (else `SLURM_NTASKS`), `SLURM_LOCALID`,
-  used only when a rendezvous is given (below), so a single process inside a many-task
-  allocation stays a single process;
+- Slurm tasks: submitit's `JobEnvironment` (`SLURM_PROCID`, `SLURM_NTASKS`, `SLURM_LOCALID`;
+  `SLURM_STEP_NUM_TASKS` first when set), used only when a rendezvous is given (below), so
+  a single process inside a many-task allocation stays a single process;
 - otherwise (or a world of 1): one process, no process group; the trainer behaves exactly
   as a plain single-process trainer.
 
@@ -102,8 +102,7 @@ def launch_from_env(env: Mapping[str, str] | None = None) -> Launch:
             raise ValueError(f"WORLD_SIZE is {world} but RANK is not set")
         rank = int(env.get("RANK", "0"))
     elif "SLURM_PROCID" in env and init_method is not None:
-        world = int(env.get("SLURM_STEP_NUM_TASKS", env.get("SLURM_NTASKS", "1")))
-        rank = int(env["SLURM_PROCID"])
+        rank, world, local = _slurm_task(env)
     else:
         return Launch(0, 1, 0, None)
     if world < 1 or not 0 <= rank < world:
@@ -112,6 +111,21 @@ def launch_from_env(env: Mapping[str, str] | None = None) -> Launch:
         raise ValueError(f"{world} trainer ranks but no rendezvous: set {ENV_INIT_FILE} (a file "
                          "on the shared filesystem) or MASTER_ADDR and MASTER_PORT")
     return Launch(rank, world, int(local), init_method)
+
+
+def _slurm_task(env: Mapping[str, str]) -> tuple[int, int, str]:
+    """(rank, world size, local rank) of this Slurm task: from submitit's JobEnvironment
+    for the process's own environment; from the same variables of a given mapping."""
+    if env is os.environ:
+        from submitit.slurm.slurm import SlurmJobEnvironment
+
+        # Our sbatch scripts run the role, not submitit's pickled function, so
+        # SUBMITIT_EXECUTOR is unset and submitit.JobEnvironment() could not pick Slurm.
+        job = SlurmJobEnvironment()
+        world = int(env.get("SLURM_STEP_NUM_TASKS", job.num_tasks))
+        return job.global_rank, world, str(job.local_rank)
+    world = int(env.get("SLURM_STEP_NUM_TASKS", env.get("SLURM_NTASKS", "1")))
+    return int(env["SLURM_PROCID"]), world, env.get("SLURM_LOCALID", "0")
 
 
 def _init_method(env: Mapping[str, str]) -> str | None:
