@@ -7,12 +7,9 @@ import importlib.util
 
 def megatron_problem() -> str | None:
     """Why `trainer.backend: megatron` cannot train here (a sentence that completes
-    "trainer.backend megatron ..."), or None when it can."""
+    "trainer.backend megatron ..."), or None when it can: megatron-core must be installed.
+    Not a CUDA check: `rft-hpc submit` runs this on login nodes, which have no GPUs, and the
+    backend also trains on CPUs (`rft_hpc.megatron.cpu`)."""
     if importlib.util.find_spec("megatron.core") is None:
         return "needs megatron-core: pip install 'rft-hpc[megatron]'"
-    # Not a CUDA check: `rft-hpc submit` runs this on login nodes, which have no GPUs. Once
-    # the training loop lands, the trainer role checks for CUDA where it runs.
-    return ("is not wired into the trainer's training loop yet (the HF <-> Megatron weight "
-            "conversion and the TP/PP gather are, see docs/megatron.md; "
-            "tools/device/megatron_check.py trains one step on a GPU); use trainer.backend "
-            "torch")
+    return None

@@ -111,6 +111,11 @@ def check_runnable(config: ExperimentConfig) -> None:
             problem = megatron_problem()
             if problem:
                 raise UserError(f"stage {name}: trainer.backend megatron {problem}")
+            from rft_hpc.trainer.megatron_backend import megatron_unsupported
+
+            problem = megatron_unsupported(stage)
+            if problem:
+                raise UserError(f"stage {name}: {problem}")
 
 
 def freeze_run_config(config: ExperimentConfig, run: RunDir) -> None:

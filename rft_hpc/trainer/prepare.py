@@ -125,10 +125,11 @@ class BatchPreparer:
             ref = token_logprobs(self.reference, dev, self.temperature).cpu()
             old = sub.old_logprobs
             if sub.has_old_logprobs is not None and not bool(sub.has_old_logprobs.all()):
-                if self.policy is None:  # sharded (FSDP): rank 0 cannot run it alone
+                if self.policy is None:  # sharded over ranks: rank 0 cannot run it alone
                     raise UserError("a KL penalty in the reward needs rollout log-probs under "
-                                    "trainer.parallel fsdp; records without them were read "
-                                    "(use trainer.parallel: ddp)")
+                                    "trainer.parallel fsdp (or a sharded trainer.backend "
+                                    "megatron); records without them were read (use "
+                                    "trainer.parallel: ddp)")
                 old = old_logprobs(sub, token_logprobs(self.policy, dev, self.temperature).cpu())
             penalty = kl_reward_penalty(old, ref, mask, plan.kl_penalty, plan.kl_penalty_coef)
             fields["kl_penalty"] = penalty

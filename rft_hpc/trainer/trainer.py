@@ -32,9 +32,9 @@ from rft_hpc.algorithms import (
 from rft_hpc.buffer.reader import Batch
 from rft_hpc.config import ExperimentConfig
 from rft_hpc.engines.hf import HFEngine, load_policy
-from rft_hpc.errors import UserError
 from rft_hpc.eval.accuracy import exact_match_accuracy
 from rft_hpc.explorer.role import load_start_weights
+from rft_hpc.trainer import megatron_backend
 from rft_hpc.trainer.algorithm import AlgorithmPlan
 from rft_hpc.trainer.distributed import (
     DistContext,
@@ -79,7 +79,9 @@ class Trainer:
 
     With a `DistContext` of several ranks `step` is a collective (see `step`): every
     rank holds a full replica on its device (`trainer.parallel: ddp`) or its shard of the
-    model (`fsdp`); either way the ranks start from rank 0's weights.
+    model (`fsdp`); either way the ranks start from rank 0's weights. With
+    `trainer.backend: megatron` `model` is this rank's `MegatronPolicy` (a GPTModel shard
+    with an HF-style forward, `rft_hpc.trainer.megatron_backend`).
     """
 
     def __init__(self, config: ExperimentConfig, dist: DistContext | None = None) -> None:
@@ -87,23 +89,30 @@ class Trainer:
         self.dist = dist if dist is not None else DistContext()
         self.plan = AlgorithmPlan.of(config)
         tcfg = config.trainer
-        if tcfg.backend != "torch":
-            raise UserError(f"trainer.backend {tcfg.backend} is not available in this "
-                            "trainer; use trainer.backend: torch")
+        self.megatron = tcfg.backend == "megatron"
+        self.device = (megatron_backend.setup_model_parallel(config, self.dist)
+                       if self.megatron else self.dist.device)
         self.tokenizer, self.model = load_policy(config.model.path, config.model.dtype)
-        self.device = self.dist.device
         if self.device.type != "cpu":
             self.model.to(self.device)
         self.engine = HFEngine(model=self.model, tokenizer=self.tokenizer,
                                device=str(self.device))
         load_start_weights(self.engine, config)
-        broadcast_parameters(self.model, self.dist)
+        self._eval_engine: HFEngine | None = None  # sharded: rank 0's whole replica for eval
+        hf_model = self.model
+        broadcast_parameters(hf_model, self.dist)
+        if self.megatron:  # the HF model stays as rank 0's evaluation replica
+            self.model = megatron_backend.build(hf_model, config, self.device)
+            self._eval_engine = self.engine if self.dist.is_main else None
         self.model.train()
         if tcfg.activation_checkpointing:
             self.model.gradient_checkpointing_enable(
                 gradient_checkpointing_kwargs={"use_reentrant": False})
         self.compute_dtype = compute_dtype(tcfg.dtype, self.device)
-        self.reference = _frozen(self.model) if self.plan.needs_reference else None
+        self.reference = None
+        if self.plan.needs_reference:
+            self.reference = (megatron_backend.build(hf_model, config, self.device, frozen=True)
+                              if self.megatron else _frozen(self.model))
         self.critic: ValueHeadModel | None = None
         self.critic_optimizer: torch.optim.Optimizer | None = None
         if self.plan.critic_lr is not None:
@@ -113,8 +122,9 @@ class Trainer:
                 [p for p in self.critic.parameters() if p.requires_grad],
                 lr=self.plan.critic_lr, weight_decay=tcfg.weight_decay)
         # FSDP after the reference and critic copies: they stay whole replicas
-        self.sharded = tcfg.parallel == "fsdp" and self.dist.distributed
-        if self.sharded:
+        self.fsdp = tcfg.parallel == "fsdp" and self.dist.distributed and not self.megatron
+        self.sharded = self.fsdp or self.megatron  # full weights only when gathered
+        if self.fsdp:
             shard_model(self.model, self.dist,
                         None if self.compute_dtype == torch.float32 else self.compute_dtype)
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=tcfg.lr,
@@ -123,11 +133,11 @@ class Trainer:
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, lambda s: min(1.0, (s + 1) / warmup) if warmup else 1.0)
         self.pad_id = self.engine.pad_id
-        self._eval_engine: HFEngine | None = None  # FSDP: rank 0's whole replica for eval
         rl = self.plan.is_rl
         self.temperature = (self.config.explorer.temperature or 1.0) if rl else 1.0
-        # under FSDP rank 0 cannot run the policy alone (every forward is a collective)
-        self.preparer = BatchPreparer(self.plan, None if self.sharded else self.model,
+        # sharded over ranks, rank 0 cannot run the policy alone (a forward is a collective)
+        alone = not (self.sharded and self.dist.distributed)
+        self.preparer = BatchPreparer(self.plan, self.model if alone else None,
                                       self.reference, self.critic, self.temperature,
                                       self.pad_id, self.device)
 
@@ -162,19 +172,29 @@ class Trainer:
             log.warning("skipped %d sequence(s) longer than trainer.micro_batch_tokens = %d "
                         "padded tokens", skipped, budget)
         world = self.dist.world_size
+        group = self._model_parallel  # ranks that share one shard (a TP group)
         if batch.records:
-            shards = self.preparer.shards(batch, world)
+            shards = self.preparer.shards(batch, world // group)
         else:
             shards = [Shard(records=[], advantages=None, num_tokens=0, num_records=0,
-                            dropped_stale=batch.dropped_stale) for _ in range(world)]
+                            dropped_stale=batch.dropped_stale) for _ in range(world // group)]
         if budget > 0:
             for shard in shards:
                 shard.metrics["skipped_sequences"] = float(skipped)
-        return shards
+        return [shards[rank // group] for rank in range(world)]
+
+    @property
+    def _model_parallel(self) -> int:
+        """Consecutive ranks that hold one model between them and train on the same rows
+        (megatron's TP group; 1 for the torch backend)."""
+        return self.config.trainer.megatron.tensor_parallel if self.megatron else 1
 
     def full_state_dict(self) -> dict[str, torch.Tensor]:
         """The policy's full weights (what is published and checkpointed). Under FSDP a
-        collective of every rank, complete on rank 0 only (empty elsewhere)."""
+        collective of every rank, complete on rank 0 only (empty elsewhere); so is the
+        megatron backend's gather of its shards (HF names, as the torch backend's)."""
+        if self.megatron:
+            return self.model.hf_state()
         if self.sharded:
             return full_model_state(self.model)
         return self.model.state_dict()
@@ -184,6 +204,8 @@ class Trainer:
         of every rank that gathers both full states (complete on rank 0, which saves)."""
         if not self.sharded:
             return self.model, self.optimizer
+        if self.megatron:
+            return megatron_backend.checkpoint_parts(self.model, self.optimizer)
         return (FullState(self.model, None, full_model_state(self.model)),
                 FullState(self.model, self.optimizer,
                           full_optimizer_state(self.model, self.optimizer)))
@@ -193,6 +215,9 @@ class Trainer:
         load a saved full state into this rank's shards (every rank loads together)."""
         if not self.sharded:
             return self.model, self.optimizer
+        if self.megatron:
+            return (megatron_backend.MegatronState(self.model, None),
+                    megatron_backend.MegatronState(self.model, self.optimizer))
         return FullState(self.model, None), FullState(self.model, self.optimizer)
 
     def _loss(self, shard: Shard) -> tuple[torch.Tensor, torch.Tensor | None, LocalMetrics]:
@@ -259,7 +284,9 @@ class Trainer:
         """Clip the gradients (when configured), step the optimizers and the schedule."""
         cfg = self.config.trainer
         values = {}
-        if cfg.grad_clip > 0:
+        if cfg.grad_clip > 0 and self.megatron:  # over the full model, not this shard
+            values["grad_norm"] = megatron_backend.clip_grad_norm(self.model, cfg.grad_clip)
+        elif cfg.grad_clip > 0:
             values["grad_norm"] = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(),
                                                                        cfg.grad_clip))
         self.optimizer.step()
@@ -288,7 +315,9 @@ class Trainer:
             loss, vloss, part = self._loss(sub_shard(shard, groups[i]))
             (loss if vloss is None else loss + vloss).backward()
             local.append(part)
-        gathered = [m for ms in all_gather_objects(local, self.dist) for m in ms]
+        # a TP group's ranks computed the same rows: count its first rank's metrics only
+        gathered = [m for rank, ms in enumerate(all_gather_objects(local, self.dist))
+                    if rank % self._model_parallel == 0 for m in ms]
         if not self.sharded:
             all_reduce_gradients(self.model.parameters(), self.dist)
         if self.critic is not None:
@@ -309,7 +338,7 @@ class Trainer:
     def _autocast(self) -> contextlib.AbstractContextManager:
         """Autocast to the compute dtype when it is not float32 and FSDP does not already
         gather the weights in it."""
-        if self.compute_dtype == torch.float32 or self.sharded:
+        if self.compute_dtype == torch.float32 or self.fsdp:
             return contextlib.nullcontext()
         return torch.autocast(self.device.type, dtype=self.compute_dtype)
 

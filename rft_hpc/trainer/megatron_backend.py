@@ -1,0 +1,213 @@
+"""The Megatron-core backend of the trainer (`trainer.backend: megatron`), and what differs.
+
+The trainer's ranks form megatron-core's tensor-parallel groups (`parallel_state`); each rank
+holds a `MegatronPolicy` (its GPTModel shard, HF-style forward: `rft_hpc.megatron.policy`),
+built from the HF model folder (and the stage's start weights) by conversion and sharding.
+Everything else of a step is the torch backend's: rank 0 prepares the batch, every rank of a
+TP group receives the same rows (data parallelism is 1), computes the same loss from the
+gathered logits, and the backward runs through megatron-core's TP layers. What changes:
+
+- the gradient norm for clipping is over the full model: TP-cut weights' squared norms are
+  summed over the TP group, replicated ones (norms) counted once (`clip_grad_norm`);
+- the full weights exist only when gathered (a collective, complete on rank 0): what is
+  published and checkpointed is the full HF state dict, the same files as the torch backend;
+- the checkpoint's optimizer state is AdamW's moments gathered the same way, keyed by HF
+  parameter name (`MegatronState`), so a restore loads exact copies into each rank's shard.
+
+Refused (`megatron_unsupported`): pipeline parallelism > 1, data parallelism > 1 (ranks not
+equal to `tensor_parallel`), a critic (PPO/GAE), a KL penalty in the reward over several
+ranks (rank 0 would run the sharded reference alone), activation checkpointing.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from rft_hpc.config import ExperimentConfig
+from rft_hpc.errors import UserError
+from rft_hpc.megatron.shards import tp_cut
+from rft_hpc.trainer.algorithm import AlgorithmPlan
+from rft_hpc.trainer.distributed import DistContext
+
+_MOMENTS = ("exp_avg", "exp_avg_sq")
+
+
+def megatron_unsupported(config: ExperimentConfig, world_size: int | None = None) -> str | None:
+    """Why the Megatron backend cannot train `config` (on `world_size` ranks, when known):
+    a sentence naming the setting, or None."""
+    mcfg = config.trainer.megatron
+    if mcfg.pipeline_parallel > 1:
+        return ("trainer.megatron.pipeline_parallel > 1 is not in the training loop yet "
+                "(the weight layout and gather support it, see docs/megatron.md); use 1")
+    plan = AlgorithmPlan.of(config)
+    if plan.critic_lr is not None:
+        return (f"algorithm {plan.type} trains a critic, which trainer.backend megatron does "
+                "not have yet; use trainer.backend torch")
+    if config.trainer.activation_checkpointing:
+        return ("trainer.activation_checkpointing is not wired into trainer.backend megatron "
+                "yet; set it to false")
+    if world_size is not None and world_size != mcfg.tensor_parallel:
+        return (f"{world_size} trainer ranks but trainer.megatron.tensor_parallel is "
+                f"{mcfg.tensor_parallel}: data parallelism is not in the megatron training "
+                "loop yet, launch exactly tensor_parallel ranks")
+    if plan.kl_penalty is not None and mcfg.tensor_parallel > 1:
+        return ("algorithm.kl_penalty_fn needs rank 0 to run the reference model alone, "
+                "which tensor_parallel > 1 shards; use kl_loss_fn (a KL term in the loss)")
+    return None
+
+
+def setup_model_parallel(config: ExperimentConfig, ctx: DistContext) -> torch.device:
+    """Initialise megatron-core for this rank (CPU shims without CUDA, a one-rank process
+    group for a single process, `parallel_state` at the configured TP size, the model-
+    parallel RNG on GPUs); returns the device the policy lives on. Raises `UserError` for a
+    missing megatron-core or an unsupported setting."""
+    from rft_hpc.megatron.runtime import megatron_problem
+
+    problem = megatron_problem() or megatron_unsupported(config, ctx.world_size)
+    if problem:
+        raise UserError(f"trainer.backend megatron {problem}" if problem.startswith("needs")
+                        else problem)
+    from megatron.core import parallel_state as ps
+
+    from rft_hpc.megatron.cpu import enable_cpu_execution
+
+    cuda = torch.cuda.is_available()
+    enable_cpu_execution()
+    if cuda:
+        device = torch.device("cuda", ctx.local_rank)
+        torch.cuda.set_device(device)
+    else:
+        device = torch.device("cpu")
+    if not dist.is_initialized():  # one process: megatron-core's groups need one anyway
+        dist.init_process_group("nccl" if cuda else "gloo", store=dist.HashStore(), rank=0,
+                                world_size=1)
+    tp = config.trainer.megatron.tensor_parallel
+    if ps.model_parallel_is_initialized():
+        if ps.get_tensor_model_parallel_world_size() == tp and \
+                ps.get_pipeline_model_parallel_world_size() == 1:
+            return device
+        ps.destroy_model_parallel()
+    ps.initialize_model_parallel(tensor_model_parallel_size=tp, pipeline_model_parallel_size=1)
+    if cuda:
+        from megatron.core.tensor_parallel import model_parallel_cuda_manual_seed
+
+        model_parallel_cuda_manual_seed(config.run.seed)
+    return device
+
+
+def build(hf_model: torch.nn.Module, config: ExperimentConfig, device: torch.device,
+          frozen: bool = False) -> Any:
+    """This rank's `MegatronPolicy` with `hf_model`'s weights; `frozen`: a reference copy
+    (eval mode, no gradients)."""
+    from rft_hpc.megatron.policy import build_policy
+
+    mcfg = config.trainer.megatron
+    policy = build_policy(hf_model, tensor_parallel=mcfg.tensor_parallel,
+                          pipeline_parallel=mcfg.pipeline_parallel,
+                          divisible_by=mcfg.make_vocab_size_divisible_by, device=device)
+    if frozen:
+        policy.eval()
+        for p in policy.parameters():
+            p.requires_grad_(False)
+    return policy
+
+
+def clip_grad_norm(policy: Any, max_norm: float) -> float:
+    """Scale the gradients so the full model's gradient norm is at most `max_norm` (as
+    `torch.nn.utils.clip_grad_norm_` on the whole model); returns the norm before. A
+    collective of the TP group when TP > 1."""
+    from megatron.core import parallel_state as ps
+
+    grads = {name: p.grad for name, p in policy.gpt.named_parameters() if p.grad is not None}
+    if not grads:
+        return 0.0
+    first = next(iter(grads.values()))
+    cut = torch.zeros((), dtype=torch.float32, device=first.device)
+    whole = torch.zeros_like(cut)
+    for name, g in grads.items():
+        sq = g.detach().float().pow(2).sum()
+        if tp_cut(name) == "replicated":
+            whole += sq
+        else:
+            cut += sq
+    if ps.get_tensor_model_parallel_world_size() > 1:
+        dist.all_reduce(cut, group=ps.get_tensor_model_parallel_group())
+    total = float(torch.sqrt(cut + whole))
+    coef = min(1.0, max_norm / (total + 1e-6))
+    if coef < 1.0:
+        for g in grads.values():
+            g.mul_(coef)
+    return total if math.isfinite(total) else float("nan")
+
+
+def full_optimizer_state(policy: Any, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+    """AdamW's state with its moments gathered to full HF tensors, on global rank 0 (a
+    collective; the other ranks get an empty dict): `{"state": {hf_name: {"exp_avg",
+    "exp_avg_sq"}}, "step": float, "param_groups": [...] without "params"}`. Every weight
+    takes part in every forward, so all share one AdamW step count."""
+    params = dict(policy.gpt.named_parameters())
+    state = optimizer.state
+    moments: dict[str, dict[str, torch.Tensor]] = {}
+    for key in _MOMENTS:
+        local = {name: state[p][key] if key in state.get(p, {}) else torch.zeros_like(p)
+                 for name, p in params.items()}
+        moments[key] = policy.hf_gather(local)
+    steps = [float(s["step"]) for s in state.values() if "step" in s]
+    if not moments[_MOMENTS[0]]:
+        return {}
+    names = moments[_MOMENTS[0]]
+    groups = [{k: v for k, v in g.items() if k != "params"} for g in optimizer.param_groups]
+    return {"state": {n: {key: moments[key][n] for key in _MOMENTS} for n in names},
+            "step": max(steps, default=0.0), "param_groups": groups}
+
+
+def load_optimizer_state(policy: Any, optimizer: torch.optim.Optimizer,
+                         full: dict[str, Any]) -> None:
+    """Load a state saved by `full_optimizer_state` into this rank's shard of it."""
+    shards = {key: policy.shard_of({n: s[key] for n, s in full["state"].items()})
+              for key in _MOMENTS}
+    names = [name for name, _ in policy.gpt.named_parameters()]
+    template = optimizer.state_dict()
+    step = torch.tensor(float(full["step"]), dtype=torch.float32)
+    template["state"] = {
+        i: {"step": step.clone(), **{key: shards[key][name] for key in _MOMENTS}}
+        for i, name in enumerate(names)} if full["step"] else {}
+    for group, saved in zip(template["param_groups"], full["param_groups"], strict=True):
+        group.update({k: v for k, v in saved.items() if k != "params"})
+    optimizer.load_state_dict(template)
+
+
+class MegatronState:
+    """The sharded policy (or its optimizer) as the checkpoint functions see a plain one:
+    `state_dict()` is the full state gathered beforehand (rank 0 writes it), and
+    `load_state_dict` takes a full state and keeps this rank's shard (every rank loads)."""
+
+    def __init__(self, policy: Any, optimizer: torch.optim.Optimizer | None,
+                 gathered: dict[str, Any] | None = None) -> None:
+        self.policy, self.optimizer, self.gathered = policy, optimizer, gathered
+
+    def state_dict(self) -> dict[str, Any]:
+        """The full state gathered when this view was made."""
+        if self.gathered is None:
+            raise RuntimeError("gather the full state on every rank first")
+        return self.gathered
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Load a full state: the model's HF weights, or the optimizer's when this views
+        one."""
+        if self.optimizer is None:
+            self.policy.load_hf(state)
+        else:
+            load_optimizer_state(self.policy, self.optimizer, state)
+
+
+def checkpoint_parts(policy: Any, optimizer: torch.optim.Optimizer
+                     ) -> tuple[MegatronState, MegatronState]:
+    """(model, optimizer) views for `save_trainer_state`: a collective of every rank that
+    gathers both full states (complete on rank 0, which saves)."""
+    return (MegatronState(policy, None, policy.hf_state()),
+            MegatronState(policy, optimizer, full_optimizer_state(policy, optimizer)))
