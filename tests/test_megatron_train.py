@@ -1,0 +1,191 @@
+"""The Megatron-core trainer backend on CPUs: real megatron-core, real processes, gloo.
+
+Every trainer with `trainer.backend: megatron` runs in a child process (this file run as a
+script, `megatron_worker`), so the test process never initialises torch.distributed or
+megatron-core's `parallel_state`. The CPU shims are `rft_hpc.megatron.cpu`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from test_trainer_distributed import (
+    ROOT,
+    finish,
+    fixed_batch,
+    start_ranks,
+    write_config,
+)
+
+pytest.importorskip("megatron.core")
+
+TRAINER = {"algorithm": "grpo", "lr": 1e-3, "batch_size": 8, "grad_clip": 1.0,
+           "kl_coef": 0.05, "weight_decay": 0.01}
+
+
+def hf_grads(trainer) -> dict[str, torch.Tensor]:
+    """The policy's gradients with HF names: gathered from the megatron shards (a
+    collective), or the torch model's own."""
+    if trainer.megatron:
+        return trainer.model.hf_gather({n: p.grad for n, p in
+                                        trainer.model.gpt.named_parameters()})
+    return {n: p.grad.clone() for n, p in trainer.model.named_parameters()}
+
+
+def megatron_worker(config_path: str, out: str, with_torch: str) -> None:
+    """One rank: a megatron step on `fixed_batch("grpo")` (weights, gradients, metrics), a
+    checkpoint of it, an uninterrupted second step, and a fresh trainer that restores the
+    checkpoint and takes the second step again. With `with_torch` == "1" (one process) the
+    torch backend's first step on the same batch too. Rank 0 saves everything to `out`."""
+    from rft_hpc.config import load_config
+    from rft_hpc.trainer.checkpoint import load_trainer_state, save_trainer_state
+    from rft_hpc.trainer.distributed import broadcast_object, init_distributed, shutdown
+    from rft_hpc.trainer.trainer import Trainer
+
+    torch.set_num_threads(1)
+    ctx = init_distributed()
+    config = load_config(Path(config_path))
+    result: dict = {}
+    if with_torch == "1":
+        plain = Trainer(config.model_copy(update={"trainer": config.trainer.model_copy(
+            update={"backend": "torch"})}))
+        result["torch_values"] = plain.step(fixed_batch("grpo"))
+        result["torch_weights"] = plain.full_state_dict()
+        result["torch_grads"] = hf_grads(plain)
+        del plain
+    batch = fixed_batch("grpo") if ctx.is_main else None
+    trainer = Trainer(config, ctx)
+    result["values"] = trainer.step(batch)
+    result["weights"] = trainer.full_state_dict()
+    result["grads"] = hf_grads(trainer)
+    model, optimizer = trainer.checkpoint_parts()
+    ckpt = Path(out) / f"ckpt-{ctx.world_size}"
+    if ctx.is_main:
+        save_trainer_state(ckpt, 1, model=model, optimizer=optimizer,
+                           scheduler=trainer.scheduler, cursor={}, extra={}, config_hash="h")
+    broadcast_object("saved", ctx)  # the others read it once rank 0 has written it
+    result["second_values"] = trainer.step(fixed_batch("grpo") if ctx.is_main else None)
+    result["second"] = trainer.full_state_dict()
+    again = Trainer(config, ctx)
+    model, optimizer = again.restore_parts()
+    assert load_trainer_state(ckpt, model, optimizer, again.scheduler, config_hash="h")
+    result["restored_values"] = again.step(fixed_batch("grpo") if ctx.is_main else None)
+    result["restored"] = again.full_state_dict()
+    result["shard_numel"] = sum(p.numel() for p in trainer.model.parameters())
+    if ctx.is_main:
+        torch.save(result, Path(out) / f"megatron-{ctx.world_size}.pt")
+    shutdown()
+
+
+def run_worker(tmp_path: Path, model: Path, tp: int) -> dict:
+    """`megatron_worker` on `tp` ranks (TP = tp) over gloo; rank 0's results."""
+    config = write_config(tmp_path / f"tp{tp}.yaml", model, trainer={
+        **TRAINER, "backend": "megatron", "megatron": {"tensor_parallel": tp,
+                                                       "make_vocab_size_divisible_by": 8}})
+    script = [sys.executable, __file__, str(config), str(tmp_path), "1" if tp == 1 else "0"]
+    results = finish(start_ranks(script, tp, tmp_path / f"rdzv-{tp}"), timeout=240)
+    assert all(rc == 0 for rc, _ in results), [err[-3000:] for _, err in results]
+    return torch.load(tmp_path / f"megatron-{tp}.pt")
+
+
+@pytest.fixture(scope="module")
+def tp1(tmp_path_factory, tiny_model) -> dict:
+    return run_worker(tmp_path_factory.mktemp("tp1"), tiny_model, 1)
+
+
+def assert_same_step(want: dict[str, torch.Tensor], got: dict[str, torch.Tensor],
+                     grads: dict[str, torch.Tensor], lr: float) -> None:
+    """The same AdamW step: equal where |g| is clear of Adam's eps (there float noise in g
+    cannot flip the first step's ~lr * sign(g)), within 2 lr everywhere."""
+    assert sorted(got) == sorted(want)
+    for k, w in want.items():
+        clear = grads[k].abs() >= 1e-6
+        torch.testing.assert_close(got[k][clear], w[clear], rtol=1e-5, atol=1e-5, msg=k)
+        assert float((got[k] - w).abs().max()) <= 2 * lr, k
+
+
+def test_tp1_step_equals_the_torch_backend(tp1):
+    """One GRPO step (KL term, weight decay, grad clip) of the megatron backend, TP = 1,
+    gives the torch backend's gradients, metrics and updated HF weights."""
+    assert sorted(tp1["weights"]) == sorted(tp1["torch_weights"])
+    for k, g in tp1["torch_grads"].items():
+        torch.testing.assert_close(tp1["grads"][k], g, rtol=1e-4,
+                                   atol=1e-5 * float(g.abs().max()), msg=k)
+    for key in ("loss", "tokens", "grad_norm", "kl_ref"):
+        assert tp1["values"][key] == pytest.approx(tp1["torch_values"][key], rel=1e-5), key
+    assert_same_step(tp1["torch_weights"], tp1["weights"], tp1["torch_grads"], TRAINER["lr"])
+
+
+def test_restored_checkpoint_continues_bit_for_bit(tp1):
+    """Save after step 1, restore into a fresh trainer: its step 2 is exactly the
+    uninterrupted step 2 (model, AdamW moments and step count, schedule)."""
+    assert tp1["restored_values"] == tp1["second_values"]
+    for k, w in tp1["second"].items():
+        assert torch.equal(tp1["restored"][k], w), k
+        assert not torch.equal(w, tp1["weights"][k]), k
+
+
+def test_tp2_over_gloo_equals_tp1(tmp_path, tiny_model, tp1):
+    """Two processes, TP = 2 over gloo (each holds half of every cut weight): the same
+    step as one process, and a restored checkpoint continues it exactly."""
+    tp2 = run_worker(tmp_path, tiny_model, 2)
+    total = sum(t.numel() for t in tp1["weights"].values())
+    assert tp2["shard_numel"] < 0.6 * total  # rank 0 held about half of the model
+    for key in ("loss", "tokens", "grad_norm", "kl_ref"):
+        assert tp2["values"][key] == pytest.approx(tp1["values"][key], rel=1e-5), key
+    for k, g in tp1["grads"].items():
+        torch.testing.assert_close(tp2["grads"][k], g, rtol=1e-4,
+                                   atol=1e-5 * float(g.abs().max()), msg=k)
+    assert_same_step(tp1["weights"], tp2["weights"], tp1["grads"], TRAINER["lr"])
+    for k, w in tp2["second"].items():
+        assert torch.equal(tp2["restored"][k], w), k
+
+
+def test_pipeline_parallel_is_refused_before_the_run(tmp_path):
+    from test_experiment_run import rft
+
+    config = tmp_path / "c.yaml"
+    config.write_text(
+        f"run: {{root: {tmp_path / 'runs'}}}\n"
+        f"model: {{path: {tmp_path / 'model'}, init: tiny}}\n"
+        "trainer: {backend: megatron, megatron: {pipeline_parallel: 2}}\n")
+    result = rft("run", config, timeout=120)
+    assert result.returncode != 0 and "Traceback" not in result.stdout + result.stderr
+    assert "trainer.megatron.pipeline_parallel > 1 is not in the training loop yet" in \
+        result.stderr
+    assert not (tmp_path / "runs").exists()
+
+
+def test_demo_run_with_the_megatron_backend_publishes_weights(tmp_path, tiny_model):
+    """`rft-hpc run` of the demo's GRPO stage with trainer.backend megatron: the trainer
+    publishes every step and the explorers sample with the published weights."""
+    from test_experiment_run import DEMO, rft, rollouts
+
+    from rft_hpc.monitor.metrics import read_metrics
+
+    result = rft("run", DEMO, "--set", f"run.root={tmp_path}", "--set",
+                 f"model.path={tiny_model}", "--set", "stages=[]", "--set",
+                 "trainer.backend=megatron", "--set", "trainer.steps=3", "--set",
+                 "explorer.tasks_per_step=2", "--set", "trainer.batch_size=32", "--set",
+                 "tasks.eval_size=16", "--set", "eval.interval=0", "--set", "sync.offset=0",
+                 timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "backend: megatron" in (tmp_path / "demo" / "config.yaml").read_text()
+    stage = tmp_path / "demo" / "stages" / "0-main"
+    trained = [r for r in read_metrics(stage / "metrics" / "trainer.jsonl") if "loss" in r]
+    assert [r["step"] for r in trained] == [1, 2, 3]
+    versions = {r.policy_version for r in rollouts(stage)}
+    assert max(versions) > 0, versions  # explorers received published weights
+    manifest = json.loads((stage / "weights" / "v000003" / "manifest.json").read_text())
+    assert manifest["version"] == 3
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    sys.path.insert(0, str(ROOT / "tests"))
+    megatron_worker(*sys.argv[1:])
