@@ -109,6 +109,10 @@ def assert_same_step(want: dict[str, torch.Tensor], got: dict[str, torch.Tensor]
         assert float((got[k] - w).abs().max()) <= 2 * lr, k
 
 
+def max_diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
+    return max(float((a[k] - b[k]).abs().max()) for k in a)
+
+
 def test_tp1_step_equals_the_torch_backend(tp1):
     """One GRPO step (KL term, weight decay, grad clip) of the megatron backend, TP = 1,
     gives the torch backend's gradients, metrics and updated HF weights."""
@@ -119,6 +123,8 @@ def test_tp1_step_equals_the_torch_backend(tp1):
     for key in ("loss", "tokens", "grad_norm", "kl_ref"):
         assert tp1["values"][key] == pytest.approx(tp1["torch_values"][key], rel=1e-5), key
     assert_same_step(tp1["torch_weights"], tp1["weights"], tp1["torch_grads"], TRAINER["lr"])
+    print(f"megatron TP=1 vs torch, one GRPO step: max |weight diff| "
+          f"{max_diff(tp1['torch_weights'], tp1['weights']):.3g}")
 
 
 def test_restored_checkpoint_continues_bit_for_bit(tp1):
@@ -142,8 +148,41 @@ def test_tp2_over_gloo_equals_tp1(tmp_path, tiny_model, tp1):
         torch.testing.assert_close(tp2["grads"][k], g, rtol=1e-4,
                                    atol=1e-5 * float(g.abs().max()), msg=k)
     assert_same_step(tp1["weights"], tp2["weights"], tp1["grads"], TRAINER["lr"])
+    print(f"megatron TP=2 vs TP=1, one GRPO step: max |weight diff| "
+          f"{max_diff(tp1['weights'], tp2['weights']):.3g}")
     for k, w in tp2["second"].items():
         assert torch.equal(tp2["restored"][k], w), k
+
+
+def test_role_on_two_tp_ranks_publishes_and_checkpoints_full_weights(tmp_path, tiny_model):
+    """`rft-hpc role trainer` on two ranks at TP = 2: both take part in every gather, rank 0
+    evaluates, publishes and checkpoints the full HF weights (and AdamW moments by HF name)."""
+    from test_trainer_distributed import sft_stage, trainer_command
+
+    from rft_hpc.engines.hf import load_policy
+    from rft_hpc.monitor.metrics import read_metrics
+    from rft_hpc.sync.checkpoint import load_weights
+    from rft_hpc.sync.storage import load_safetensors
+
+    stage = sft_stage(tmp_path, tiny_model, "tp2", steps=2, backend="megatron",
+                      megatron={"tensor_parallel": 2})
+    results = finish(start_ranks(trainer_command(stage), 2, stage / "state" / "dist-1"))
+    assert all(rc == 0 for rc, _ in results), [err[-3000:] for _, err in results]
+    rows = read_metrics(stage / "metrics" / "trainer.jsonl")
+    assert [r["step"] for r in rows if "loss" in r] == [1, 2]
+    assert [r["step"] for r in rows if r.get("eval_accuracy") is not None] == [0, 2]
+    published = load_weights(stage / "weights", 2)
+    folder = stage / "ckpt" / "trainer" / "step-000002"
+    saved, _ = load_safetensors(folder / "model.safetensors")
+    start = load_policy(tiny_model)[1].state_dict()
+    assert sorted(published) == sorted(saved) == sorted(start)
+    for k, w in start.items():
+        assert published[k].shape == w.shape and torch.equal(published[k], saved[k]), k
+    assert all(not torch.equal(published[k], w) for k, w in start.items())
+    optimizer = torch.load(folder / "optimizer.pt")
+    assert optimizer["step"] == 2
+    assert {k: tuple(v["exp_avg"].shape) for k, v in optimizer["state"].items()} == \
+        {k: tuple(w.shape) for k, w in start.items()}
 
 
 def test_pipeline_parallel_is_refused_before_the_run(tmp_path):
