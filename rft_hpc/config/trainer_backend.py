@@ -23,8 +23,10 @@ class TrainerBackendFields(ConfigSection):
 
     backend: Backend = "torch"
     """Training engine: `torch` (plain PyTorch over the trainer's ranks, `parallel` says
-    how) or `megatron` (Megatron-core, settings in `megatron`; needs NVIDIA GPUs and is
-    refused before a run until its training loop lands, see docs/megatron.md)."""
+    how) or `megatron` (a megatron-core GPTModel cut over the trainer's ranks by tensor
+    parallelism, settings in `megatron`; needs megatron-core, runs on GPUs and CPUs; the
+    trainer's rank count must equal `megatron.tensor_parallel`; no pipeline parallelism,
+    critic or activation checkpointing yet, see docs/megatron.md)."""
 
     megatron: MegatronSettings = Field(default_factory=MegatronSettings)
     """With backend megatron: tensor and pipeline parallelism, vocabulary padding."""

@@ -14,7 +14,12 @@ Self-contained: builds the tiny Llama locally (rft_hpc.models.tiny; no hub acces
 4. gathers the trained weights back to an HF state dict (rft_hpc.megatron.publish: what
    weight sync publishes), checks the keys are the HF model's, and that transformers with
    these weights gives the GPTModel's new logits;
-5. (unless --no-vllm, in a child process) starts the vLLM engine on the tiny model, updates
+5. runs one GRPO step of the trainer itself with `trainer.backend: megatron` (TP = 1,
+   float32, on the GPU: rft_hpc.trainer.megatron_backend) and with the torch backend (on the
+   CPU) on the same fixed batch, and checks loss and gradient norm agree within the
+   tolerance (relative), and the published (gathered) weights are the HF keys, finite, and
+   changed;
+6. (unless --no-vllm, in a child process) starts the vLLM engine on the tiny model, updates
    its weights in place with the trained ones and checks vLLM's log-probs of the fixed
    sequences equal transformers' for the trained weights and differ from before.
 
@@ -125,6 +130,50 @@ def megatron_part(model_dir: Path, out: Path, lr: float, tol: float) -> dict:
     return result
 
 
+def trainer_part(model_dir: Path, tmp: Path, tol: float) -> dict:
+    """Step 5: one trainer step with each backend on the same batch of the fixed
+    sequences (a rollout group of 8 with rewards 0/1)."""
+    import numpy as np
+    import yaml
+
+    from rft_hpc.buffer.reader import Batch
+    from rft_hpc.buffer.records import Experience
+    from rft_hpc.config import load_config
+    from rft_hpc.trainer.trainer import Trainer
+
+    ids = token_batch(model_dir).numpy()
+    records = [Experience(row, prompt_length=4, reward=float(i % 2), group_id=0,
+                          logprobs=np.full(len(row), -2.0, dtype=np.float32))
+               for i, row in enumerate(ids)]
+    out = {}
+    for backend in ("torch", "megatron"):
+        path = tmp / f"{backend}.yaml"
+        path.write_text(yaml.safe_dump({
+            "run": {"root": str(tmp), "seed": 0}, "model": {"path": str(model_dir)},
+            "trainer": {"algorithm": "grpo", "lr": 1e-3, "batch_size": 8, "kl_coef": 0.05,
+                        "backend": backend, "dtype": "float32"}}))
+        trainer = Trainer(load_config(path))
+        values = trainer.step(Batch(records=list(records), weights=[1.0] * 8, uses=[0] * 8))
+        out[backend] = (values, trainer.full_state_dict(), str(trainer.device))
+    (tv, tw, _), (mv, mw, device) = out["torch"], out["megatron"]
+    start = load_file_hf(model_dir)
+    checks = {f"trainer_{key}_rel": abs(mv[key] - tv[key]) / max(abs(tv[key]), 1e-12)
+              for key in ("loss", "grad_norm")}
+    finite = all(bool(torch.isfinite(w).all()) for w in mw.values())
+    changed = sum(not torch.equal(mw[k].cpu(), start[k]) for k in start if k in mw)
+    ok = (sorted(mw) == sorted(tw) and finite and changed == len(start)
+          and all(v <= tol for v in checks.values()) and device.startswith("cuda"))
+    return {"checks": checks, "device": device, "finite": finite, "changed": changed,
+            "tensors": len(start), "keys_match": sorted(mw) == sorted(tw), "ok": ok}
+
+
+def load_file_hf(model_dir: Path) -> dict[str, torch.Tensor]:
+    """The model folder's weights."""
+    from safetensors.torch import load_file
+
+    return load_file(model_dir / "model.safetensors")
+
+
 def vllm_part(model_dir: Path, trained_file: Path, tol: float) -> dict:
     """Step 5 (a child process: vLLM sets up its own torch.distributed state)."""
     from safetensors.torch import load_file
@@ -162,8 +211,8 @@ def main() -> int:
                     help=argparse.SUPPRESS)
     args = ap.parse_args()
     if not torch.cuda.is_available():
-        print("megatron_check needs a CUDA GPU: megatron-core runs a GPTModel's forward "
-              "only on CUDA", file=sys.stderr)
+        print("megatron_check needs a CUDA GPU (on CPUs, tests/test_megatron_train.py "
+              "checks the backend)", file=sys.stderr)
         return 2
     if args.child:
         res = vllm_part(Path(args.child[0]), Path(args.child[1]), args.tolerance)
@@ -189,6 +238,13 @@ def main() -> int:
               f"changed: {res['tensors_changed']}/{res['tensors']} tensors")
         print(f"{'ok  ' if res['keys_match'] else 'FAIL'} gathered HF keys equal the model's")
         results = [res]
+        tres = trainer_part(model_dir, Path(tmp), tol)
+        results.append(tres)
+        print(f"{'ok  ' if tres['ok'] else 'FAIL'} trainer step, backend megatron on "
+              f"{tres['device']} vs torch: " + ", ".join(
+                  f"{k} {v:.2e}" for k, v in tres["checks"].items())
+              + f"; weights changed {tres['changed']}/{tres['tensors']}, finite "
+              f"{tres['finite']}, HF keys {tres['keys_match']}")
         if not args.no_vllm:
             cmd = [sys.executable, __file__, "--child", str(model_dir), str(trained),
                    "--tolerance", str(tol)]
