@@ -82,15 +82,17 @@ def megatron_worker(config_path: str, out: str, with_torch: str) -> None:
     shutdown()
 
 
-def run_worker(tmp_path: Path, model: Path, tp: int) -> dict:
-    """`megatron_worker` on `tp` ranks (TP = tp) over gloo; rank 0's results."""
+def run_worker(tmp_path: Path, model: Path, tp: int, world: int | None = None) -> dict:
+    """`megatron_worker` on `world` ranks (default `tp`: no data parallelism) at TP = `tp`
+    over gloo; rank 0's results."""
+    world = world or tp
     config = write_config(tmp_path / f"tp{tp}.yaml", model, trainer={
         **TRAINER, "backend": "megatron", "megatron": {"tensor_parallel": tp,
                                                        "make_vocab_size_divisible_by": 8}})
-    script = [sys.executable, __file__, str(config), str(tmp_path), "1" if tp == 1 else "0"]
-    results = finish(start_ranks(script, tp, tmp_path / f"rdzv-{tp}"), timeout=240)
+    script = [sys.executable, __file__, str(config), str(tmp_path), "1" if world == 1 else "0"]
+    results = finish(start_ranks(script, world, tmp_path / f"rdzv-{world}"), timeout=240)
     assert all(rc == 0 for rc, _ in results), [err[-3000:] for _, err in results]
-    return torch.load(tmp_path / f"megatron-{tp}.pt")
+    return torch.load(tmp_path / f"megatron-{world}.pt")
 
 
 @pytest.fixture(scope="module")
@@ -152,6 +154,22 @@ def test_tp2_over_gloo_equals_tp1(tmp_path, tiny_model, tp1):
           f"{max_diff(tp1['weights'], tp2['weights']):.3g}")
     for k, w in tp2["second"].items():
         assert torch.equal(tp2["restored"][k], w), k
+
+
+def test_data_parallel_over_gloo_equals_one_process(tmp_path, tiny_model, tp1):
+    """Two processes at TP = 1: two data-parallel replicas, each training on half of the
+    rows, gradients summed: the same step as one process; a restore continues exactly."""
+    dp2 = run_worker(tmp_path, tiny_model, 1, world=2)
+    for key in ("loss", "tokens", "grad_norm", "kl_ref"):
+        assert dp2["values"][key] == pytest.approx(tp1["values"][key], rel=1e-5), key
+    for k, g in tp1["grads"].items():
+        torch.testing.assert_close(dp2["grads"][k], g, rtol=1e-4,
+                                   atol=1e-5 * float(g.abs().max()), msg=k)
+    assert_same_step(tp1["weights"], dp2["weights"], tp1["grads"], TRAINER["lr"])
+    print(f"megatron DP=2 vs one process, one GRPO step: max |weight diff| "
+          f"{max_diff(tp1['weights'], dp2['weights']):.3g}")
+    for k, w in dp2["second"].items():
+        assert torch.equal(dp2["restored"][k], w), k
 
 
 def test_role_on_two_tp_ranks_publishes_and_checkpoints_full_weights(tmp_path, tiny_model):

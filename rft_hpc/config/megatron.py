@@ -17,8 +17,8 @@ class MegatronSettings(ConfigSection):
     tensor_parallel: int = Field(1, ge=1)
     """GPUs that each layer's weights are cut over (tensor parallelism): attention by query
     groups, the MLP by its hidden units, the vocabulary by rows. Must divide the model's
-    key/value heads; the trainer's rank count must equal it (data parallelism is not in
-    the megatron training loop yet)."""
+    key/value heads; the trainer's rank count must be a multiple of it (the rest is data
+    parallelism)."""
 
     pipeline_parallel: int = Field(1, ge=1)
     """Pipeline stages that the layers are split into, in equal contiguous ranges (must

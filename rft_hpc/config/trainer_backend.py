@@ -25,8 +25,9 @@ class TrainerBackendFields(ConfigSection):
     """Training engine: `torch` (plain PyTorch over the trainer's ranks, `parallel` says
     how) or `megatron` (a megatron-core GPTModel cut over the trainer's ranks by tensor
     parallelism, settings in `megatron`; needs megatron-core, runs on GPUs and CPUs; the
-    trainer's rank count must equal `megatron.tensor_parallel`; no pipeline parallelism,
-    critic or activation checkpointing yet, see docs/megatron.md)."""
+    trainer's rank count must be a multiple of `megatron.tensor_parallel` (the rest is data
+    parallelism); no pipeline parallelism, critic or activation checkpointing yet, see
+    docs/megatron.md)."""
 
     megatron: MegatronSettings = Field(default_factory=MegatronSettings)
     """With backend megatron: tensor and pipeline parallelism, vocabulary padding."""

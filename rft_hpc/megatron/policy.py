@@ -80,12 +80,22 @@ class MegatronPolicy(torch.nn.Module):
 
     def hf_state(self) -> StateDict:
         """The full HF state dict on CPU, on global rank 0 (empty elsewhere): a collective
-        of every rank (`publish.gather_hf_state`)."""
-        return self.hf_gather(weights_of(self.gpt))
+        of every rank (`publish.gather_hf_state`). With tied embeddings `lm_head.weight` is
+        the embedding itself, as in transformers' own state dict (an HF engine loads it
+        strictly)."""
+        full = self.hf_gather(weights_of(self.gpt))
+        if full and self.shape.tied:
+            full["lm_head.weight"] = full["model.embed_tokens.weight"]
+        return full
 
     def hf_gather(self, local: StateDict) -> StateDict:
         """Any Megatron-keyed shard dict (weights, moments) gathered to full HF tensors on
-        CPU on global rank 0 (empty elsewhere): a collective of every rank."""
+        CPU on global rank 0 (empty elsewhere): a collective of every rank. With data
+        parallelism only the first replica's ranks gather (the others hold the same)."""
+        from megatron.core import parallel_state
+
+        if parallel_state.get_data_parallel_rank() > 0:
+            return {}
         full = gather_hf_state({k: v.detach().cpu() for k, v in local.items()}, self.shape,
                                self.layout)
         return full if full is not None else {}

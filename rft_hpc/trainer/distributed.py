@@ -225,10 +225,12 @@ def all_gather_objects(obj: Any, ctx: DistContext) -> list[Any]:
     return out
 
 
-def all_reduce_sum(tensor: torch.Tensor, ctx: DistContext) -> torch.Tensor:
-    """Sum `tensor` over the ranks, in place (on the rank's device); returns it."""
+def all_reduce_sum(tensor: torch.Tensor, ctx: DistContext, group: Any = None
+                   ) -> torch.Tensor:
+    """Sum `tensor` over the ranks (of `group`, default all), in place (on the rank's
+    device); returns it."""
     if ctx.distributed:
-        dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
+        dist.all_reduce(tensor, op=dist.ReduceOp.SUM, group=group)
     return tensor
 
 
@@ -242,8 +244,9 @@ def broadcast_parameters(module: torch.nn.Module, ctx: DistContext) -> None:
 
 
 def all_reduce_gradients(params: Iterable[torch.nn.Parameter], ctx: DistContext,
-                         bucket_bytes: int = BUCKET_BYTES) -> None:
-    """Replace every parameter's gradient by its sum over the ranks.
+                         bucket_bytes: int = BUCKET_BYTES, group: Any = None) -> None:
+    """Replace every parameter's gradient by its sum over the ranks (of `group`, a process
+    group every rank of which calls this; default all ranks).
 
     A parameter without a gradient on some rank counts as zeros there; one without a
     gradient on every rank keeps `grad = None` (the optimizer then skips it, as it would in
@@ -254,7 +257,7 @@ def all_reduce_gradients(params: Iterable[torch.nn.Parameter], ctx: DistContext,
     params = [p for p in params if p.requires_grad]
     has = torch.tensor([p.grad is not None for p in params], dtype=torch.float32,
                        device=ctx.device)
-    all_reduce_sum(has, ctx)
+    all_reduce_sum(has, ctx, group)
     live = []
     for p, anywhere in zip(params, has.tolist(), strict=True):
         if not anywhere:
@@ -265,7 +268,7 @@ def all_reduce_gradients(params: Iterable[torch.nn.Parameter], ctx: DistContext,
         live.append(p)
     for bucket in _buckets(live, bucket_bytes):
         flat = torch.cat([p.grad.reshape(-1) for p in bucket])
-        all_reduce_sum(flat, ctx)
+        all_reduce_sum(flat, ctx, group)
         for p, part in zip(bucket, flat.split([p.numel() for p in bucket]), strict=True):
             p.grad.copy_(part.view_as(p.grad))
 

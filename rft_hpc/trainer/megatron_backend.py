@@ -3,9 +3,12 @@
 The trainer's ranks form megatron-core's tensor-parallel groups (`parallel_state`); each rank
 holds a `MegatronPolicy` (its GPTModel shard, HF-style forward: `rft_hpc.megatron.policy`),
 built from the HF model folder (and the stage's start weights) by conversion and sharding.
-Everything else of a step is the torch backend's: rank 0 prepares the batch, every rank of a
-TP group receives the same rows (data parallelism is 1), computes the same loss from the
-gathered logits, and the backward runs through megatron-core's TP layers. What changes:
+Everything else of a step is the torch backend's: rank 0 prepares the batch and splits it
+over the data-parallel replicas (ranks // TP; megatron-core's rank order puts a TP group on
+consecutive ranks), every rank of a TP group receives the same rows and computes the same
+loss from the gathered logits, and the backward runs through megatron-core's TP layers;
+with data parallelism the gradients are then summed over the data-parallel group (the ranks
+with the same TP rank), as the torch backend sums them over all ranks. What changes:
 
 - the gradient norm for clipping is over the full model: TP-cut weights' squared norms are
   summed over the TP group, replicated ones (norms) counted once (`clip_grad_norm`);
@@ -14,9 +17,9 @@ gathered logits, and the backward runs through megatron-core's TP layers. What c
 - the checkpoint's optimizer state is AdamW's moments gathered the same way, keyed by HF
   parameter name (`MegatronState`), so a restore loads exact copies into each rank's shard.
 
-Refused (`megatron_unsupported`): pipeline parallelism > 1, data parallelism > 1 (ranks not
-equal to `tensor_parallel`), a critic (PPO/GAE), a KL penalty in the reward over several
-ranks (rank 0 would run the sharded reference alone), activation checkpointing.
+Refused (`megatron_unsupported`): pipeline parallelism > 1, a rank count that is not a
+multiple of `tensor_parallel`, a critic (PPO/GAE), a KL penalty in the reward at TP > 1
+(rank 0 would run the sharded reference alone), activation checkpointing.
 """
 
 from __future__ import annotations
@@ -31,7 +34,7 @@ from rft_hpc.config import ExperimentConfig
 from rft_hpc.errors import UserError
 from rft_hpc.megatron.shards import tp_cut
 from rft_hpc.trainer.algorithm import AlgorithmPlan
-from rft_hpc.trainer.distributed import DistContext
+from rft_hpc.trainer.distributed import DistContext, all_reduce_gradients
 
 _MOMENTS = ("exp_avg", "exp_avg_sq")
 
@@ -50,10 +53,9 @@ def megatron_unsupported(config: ExperimentConfig, world_size: int | None = None
     if config.trainer.activation_checkpointing:
         return ("trainer.activation_checkpointing is not wired into trainer.backend megatron "
                 "yet; set it to false")
-    if world_size is not None and world_size != mcfg.tensor_parallel:
-        return (f"{world_size} trainer ranks but trainer.megatron.tensor_parallel is "
-                f"{mcfg.tensor_parallel}: data parallelism is not in the megatron training "
-                "loop yet, launch exactly tensor_parallel ranks")
+    if world_size is not None and world_size % mcfg.tensor_parallel:
+        return (f"{world_size} trainer ranks do not split into tensor-parallel groups of "
+                f"trainer.megatron.tensor_parallel = {mcfg.tensor_parallel}")
     if plan.kl_penalty is not None and mcfg.tensor_parallel > 1:
         return ("algorithm.kl_penalty_fn needs rank 0 to run the reference model alone, "
                 "which tensor_parallel > 1 shards; use kl_loss_fn (a KL term in the loss)")
@@ -142,6 +144,15 @@ def clip_grad_norm(policy: Any, max_norm: float) -> float:
         for g in grads.values():
             g.mul_(coef)
     return total if math.isfinite(total) else float("nan")
+
+
+def reduce_gradients(policy: Any, ctx: DistContext) -> None:
+    """Sum the gradients over the data-parallel group (a collective of every rank; nothing
+    without data parallelism)."""
+    from megatron.core import parallel_state as ps
+
+    if ps.get_data_parallel_world_size() > 1:
+        all_reduce_gradients(policy.parameters(), ctx, group=ps.get_data_parallel_group())
 
 
 def full_optimizer_state(policy: Any, optimizer: torch.optim.Optimizer) -> dict[str, Any]:

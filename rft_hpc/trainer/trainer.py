@@ -136,7 +136,8 @@ class Trainer:
         rl = self.plan.is_rl
         self.temperature = (self.config.explorer.temperature or 1.0) if rl else 1.0
         # sharded over ranks, rank 0 cannot run the policy alone (a forward is a collective)
-        alone = not (self.sharded and self.dist.distributed)
+        alone = not (self.sharded and self.dist.distributed) or (
+            self.megatron and tcfg.megatron.tensor_parallel == 1)
         self.preparer = BatchPreparer(self.plan, self.model if alone else None,
                                       self.reference, self.critic, self.temperature,
                                       self.pad_id, self.device)
@@ -318,7 +319,9 @@ class Trainer:
         # a TP group's ranks computed the same rows: count its first rank's metrics only
         gathered = [m for rank, ms in enumerate(all_gather_objects(local, self.dist))
                     if rank % self._model_parallel == 0 for m in ms]
-        if not self.sharded:
+        if self.megatron:
+            megatron_backend.reduce_gradients(self.model, self.dist)
+        elif not self.sharded:
             all_reduce_gradients(self.model.parameters(), self.dist)
         if self.critic is not None:
             all_reduce_gradients(self.critic.parameters(), self.dist)
