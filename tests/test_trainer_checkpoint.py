@@ -12,6 +12,7 @@ import torch
 
 from rft_hpc.buffer.records import SFTSample
 from rft_hpc.models.tiny import init_tiny_model
+from rft_hpc.sync.storage import wait_for_deletions
 from rft_hpc.trainer.batching import collate
 from rft_hpc.trainer.checkpoint import CheckpointError, load_trainer_state, save_trainer_state
 from rft_hpc.trainer.losses import sft_loss, token_logprobs
@@ -91,6 +92,7 @@ def test_layout_latest_and_pruning(tmp_path, tiny_model_dir):
     assert sorted(os.listdir(folder)) == ["cursor.json", "model.safetensors", "optimizer.pt",
                                           "rng.json", "state.json"]
     assert (tmp_path / "LATEST").read_text() == "trainer/step-000004\n"
+    wait_for_deletions()  # pruned steps' files are deleted on a helper thread
     assert sorted(os.listdir(tmp_path / "trainer")) == ["step-000003", "step-000004"]
 
 

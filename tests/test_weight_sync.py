@@ -25,7 +25,7 @@ from rft_hpc.sync.checkpoint import (
     publish_weights,
     version_dir,
 )
-from rft_hpc.sync.storage import load_safetensors, save_safetensors
+from rft_hpc.sync.storage import load_safetensors, save_safetensors, wait_for_deletions
 
 # Shared with the publisher subprocess of the SIGKILL test: the weights of each version.
 STATE_CODE = textwrap.dedent("""
@@ -97,6 +97,10 @@ def test_latest_moves_and_keep_prunes_older_versions(tmp_path):
     for version in range(1, 6):
         publish_weights(tmp_path, {"x": torch.full((4,), float(version))}, version, keep=2)
         assert latest_weights_version(tmp_path) == version
+        # a pruned version vanishes at once; its files go on the deletion thread
+        assert sorted(n for n in os.listdir(tmp_path) if n.startswith("v")) == [
+            f"v{v:06d}" for v in range(max(1, version - 1), version + 1)]
+    wait_for_deletions()
     assert sorted(os.listdir(tmp_path)) == ["LATEST", "v000004", "v000005"]
     with pytest.raises(WeightsGone, match="LATEST is 5"):
         load_weights(tmp_path, 1)
@@ -105,6 +109,7 @@ def test_latest_moves_and_keep_prunes_older_versions(tmp_path):
     # a trainer resumed from an older checkpoint re-publishes an older version: it is kept
     publish_weights(tmp_path, {"x": torch.full((4,), -3.0)}, 3, keep=1)
     assert latest_weights_version(tmp_path) == 3
+    wait_for_deletions()
     assert sorted(os.listdir(tmp_path)) == ["LATEST", "v000003", "v000005"]
     # re-publishing an existing version replaces it whole
     publish_weights(tmp_path, {"x": torch.full((2,), 9.0)}, 5, keep=3)
@@ -209,6 +214,7 @@ def test_sigkill_while_publishing_never_exposes_an_incomplete_version(tmp_path, 
                 assert_bit_equal(load_weights(folder, version), state_for(version))
             # a restarted publisher carries on and cleans up what the killed one left
             publish_weights(folder, state_for(99), 99, keep=2)
+            wait_for_deletions()
             assert not [p for p in folder.iterdir() if p.name.startswith(TEMP_PREFIX)]
             assert_bit_equal(load_latest_weights(folder)[1], state_for(99))
     finally:

@@ -9,7 +9,11 @@
   and vLLM); the metadata always holds `format: pt`.
 - Versioned folders: a folder is written under a `.tmp-` name, fsynced and renamed into
   place (`make_temp_folder`, `commit_folder`); old numbered folders are pruned by renaming
-  them to a `.tmp-` name first, so a reader sees a folder whole or not at all.
+  them to a `.tmp-` name first, so a reader sees a folder whole or not at all. The renamed
+  folder's files are then deleted on a helper thread (`wait_for_deletions`): freeing a
+  many-GB version (a discard on SSDs, object deletes on parallel filesystems) is off the
+  publisher's path, and a process that dies first leaves a `.tmp-` folder that the next
+  writer's `remove_temporaries` deletes.
 
 Every folder these helpers manage has exactly one writer (the trainer's rank 0), which is
 what makes `remove_temporaries` safe.
@@ -25,6 +29,7 @@ import secrets
 import shutil
 import struct
 import tempfile
+import threading
 import zlib
 from collections.abc import Collection, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -263,22 +268,50 @@ def prune_numbered(parent: Path, pattern: re.Pattern[str], keep: int,
                    protect: Collection[int]) -> list[int]:
     """Delete all numbered folders but the `keep` highest numbers and those in `protect`.
 
-    Returns the numbers deleted. Each folder is renamed to a `.tmp-` name before it is
-    deleted, so a reader sees it vanish whole.
+    Returns the numbers deleted. Each folder is renamed to a `.tmp-` name (a reader sees it
+    vanish whole) before this returns; its files are deleted on the deletion thread
+    (`wait_for_deletions`).
     """
     if keep < 1:
         raise ValueError(f"keep must be at least 1, got {keep}")
     folders = numbered_folders(parent, pattern)
     doomed = [n for n in sorted(folders)[:-keep] if n not in protect]
     for n in doomed:
-        _discard(folders[n])
+        _discard(folders[n], later=True)
     return doomed
 
 
-def _discard(folder: Path) -> None:
-    """Rename `folder` to a temporary name (atomic disappearance), then delete it."""
+def _discard(folder: Path, *, later: bool = False) -> None:
+    """Rename `folder` to a temporary name (atomic disappearance), then delete it: now, or
+    with `later` on the deletion thread."""
     trash = Path(tempfile.mkdtemp(prefix=f"{TEMP_PREFIX}gone-{folder.name}.", dir=folder.parent))
     with contextlib.suppress(FileNotFoundError):  # already gone
         os.rename(folder, trash / folder.name)
     fsync_dir(folder.parent)
-    shutil.rmtree(trash, ignore_errors=True)
+    if later:
+        _delete_later(trash)
+    else:
+        shutil.rmtree(trash, ignore_errors=True)
+
+
+_deletion_lock = threading.Lock()
+_deleter: ThreadPoolExecutor | None = None
+_deletions: list[Future[None]] = []
+
+
+def _delete_later(path: Path) -> None:
+    global _deleter
+    with _deletion_lock:
+        if _deleter is None:  # one thread: deletions run in order, one at a time
+            _deleter = ThreadPoolExecutor(1, thread_name_prefix="rft-hpc-delete")
+        _deletions[:] = [f for f in _deletions if not f.done()]
+        _deletions.append(_deleter.submit(shutil.rmtree, path, ignore_errors=True))
+
+
+def wait_for_deletions() -> None:
+    """Return once every folder this process pruned so far is deleted from disk. (The
+    process also waits for them when it exits.)"""
+    with _deletion_lock:
+        pending = list(_deletions)
+    for future in pending:
+        future.result()

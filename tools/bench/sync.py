@@ -11,7 +11,8 @@ and `--receivers` receivers (separate processes on this host):
    LLM-like sizes, small ones included), timed on the sender until every receiver agreed;
 2. mpi (mpiexec, PyPI MPICH): one `Bcast` of one buffer (raw), then `MpiSender.send`;
 3. disk: `dd` with fdatasync of the same bytes into DIR, then `publish_weights` +
-   `load_weights` (rft_hpc/sync/checkpoint.py) of the state dict.
+   `load_weights` (rft_hpc/sync/checkpoint.py) of the state dict (the previous version's
+   files are deleted on publish's deletion thread, waited for outside the timed parts).
 
 It prints seconds per GB and each ratio, with the targets: gloo and mpi >= 0.8 of raw,
 checkpoint >= 0.7 of dd. Raw and rft-hpc alternate within each of `--repeat` rounds, after
@@ -163,7 +164,7 @@ def bench_mpi(nbytes: int, receivers: int, repeat: int) -> dict:
 
 def bench_disk(folder: Path, nbytes: int, repeat: int) -> dict:
     from rft_hpc.sync.checkpoint import load_weights, publish_weights
-    from rft_hpc.sync.storage import ReadBuffer
+    from rft_hpc.sync.storage import ReadBuffer, wait_for_deletions
 
     state = make_state(torch.ones(nbytes, dtype=torch.uint8))
     buffer = ReadBuffer()  # as the explorer's follower loads
@@ -182,6 +183,7 @@ def bench_disk(folder: Path, nbytes: int, repeat: int) -> dict:
         load_weights(folder / "weights", v, buffer)
         if v:
             rounds.append((dd, time.perf_counter() - t0))
+        wait_for_deletions()  # the pruned version's files must not slow the next dd
     return _result(rounds, real)
 
 
