@@ -40,8 +40,9 @@ def hf_grads(trainer) -> dict[str, torch.Tensor]:
 def megatron_worker(config_path: str, out: str, with_torch: str) -> None:
     """One rank: a megatron step on `fixed_batch("grpo")` (weights, gradients, metrics), a
     checkpoint of it, an uninterrupted second step, and a fresh trainer that restores the
-    checkpoint and takes the second step again. With `with_torch` == "1" (one process) the
-    torch backend's first step on the same batch too. Rank 0 saves everything to `out`."""
+    checkpoint and takes the second step again. With `with_torch` == "1" (one process) also
+    the torch backend's first step on the same batch, and the megatron step with activation
+    checkpointing. Rank 0 saves everything to `out`."""
     from rft_hpc.config import load_config
     from rft_hpc.trainer.checkpoint import load_trainer_state, save_trainer_state
     from rft_hpc.trainer.distributed import broadcast_object, init_distributed, shutdown
@@ -77,6 +78,12 @@ def megatron_worker(config_path: str, out: str, with_torch: str) -> None:
     result["restored_values"] = again.step(fixed_batch("grpo") if ctx.is_main else None)
     result["restored"] = again.full_state_dict()
     result["shard_numel"] = sum(p.numel() for p in trainer.model.parameters())
+    if with_torch == "1":
+        recomputing = Trainer(config.model_copy(update={"trainer": config.trainer.model_copy(
+            update={"activation_checkpointing": True})}))
+        result["ac_values"] = recomputing.step(fixed_batch("grpo"))
+        result["ac_grads"] = hf_grads(recomputing)
+        result["ac_mode"] = recomputing.model.gpt.config.recompute_granularity
     if ctx.is_main:
         torch.save(result, Path(out) / f"megatron-{ctx.world_size}.pt")
     shutdown()
@@ -127,6 +134,15 @@ def test_tp1_step_equals_the_torch_backend(tp1):
     assert_same_step(tp1["torch_weights"], tp1["weights"], tp1["torch_grads"], TRAINER["lr"])
     print(f"megatron TP=1 vs torch, one GRPO step: max |weight diff| "
           f"{max_diff(tp1['torch_weights'], tp1['weights']):.3g}")
+
+
+def test_activation_checkpointing_gives_the_same_gradients(tp1):
+    """megatron-core's full recomputation (trainer.activation_checkpointing) on CPUs."""
+    assert tp1["ac_mode"] == "full"
+    assert tp1["ac_values"]["loss"] == pytest.approx(tp1["values"]["loss"], rel=1e-6)
+    for k, g in tp1["grads"].items():
+        torch.testing.assert_close(tp1["ac_grads"][k], g, rtol=1e-6,
+                                   atol=1e-6 * float(g.abs().max()), msg=k)
 
 
 def test_restored_checkpoint_continues_bit_for_bit(tp1):

@@ -26,8 +26,7 @@ class TrainerBackendFields(ConfigSection):
     how) or `megatron` (a megatron-core GPTModel cut over the trainer's ranks by tensor
     parallelism, settings in `megatron`; needs megatron-core, runs on GPUs and CPUs; the
     trainer's rank count must be a multiple of `megatron.tensor_parallel` (the rest is data
-    parallelism); no pipeline parallelism, critic or activation checkpointing yet, see
-    docs/megatron.md)."""
+    parallelism); no pipeline parallelism or critic yet, see docs/megatron.md)."""
 
     megatron: MegatronSettings = Field(default_factory=MegatronSettings)
     """With backend megatron: tensor and pipeline parallelism, vocabulary padding."""
@@ -47,7 +46,8 @@ class TrainerBackendFields(ConfigSection):
 
     activation_checkpointing: bool = False
     """Recompute the activations of each transformer layer in the backward pass instead of
-    keeping them (less memory, about a third more compute); the gradients are the same."""
+    keeping them (less memory, about a third more compute); the gradients are the same.
+    With backend megatron: megatron-core's full recomputation, one layer per checkpoint."""
 
     dtype: ComputeDtype = "auto"
     """Compute dtype of forward and backward: `auto` is bfloat16 on GPUs and float32 on

@@ -4,7 +4,7 @@ This exists so that CI and laptops exercise the real megatron-core code of the M
 backend (tensor-parallel layers and their gloo collectives included), not a stand-in. On a
 machine with CUDA, `enable_cpu_execution` patches nothing.
 
-megatron-core 0.16 assumes CUDA in three places that the trainer's forward and backward
+megatron-core 0.16 assumes CUDA in four places that the trainer's forward and backward
 reach; each shim below replaces exactly one of them:
 
 1. `torch.cuda.current_device()` is the device of every buffer it allocates (rotary
@@ -13,7 +13,10 @@ reach; each shim below replaces exactly one of them:
    own mask (`rft_hpc.megatron.policy`), so nothing is patched for it;
 3. its CUDA RNG tracker (`get_cuda_rng_tracker().fork()`, around dropout) needs CUDA RNG
    states: it is replaced by one whose `fork()` does nothing; the backend configures no
-   dropout, so no random numbers are drawn inside a fork.
+   dropout, so no random numbers are drawn inside a fork;
+4. activation checkpointing (`tensor_parallel.checkpoint`) saves and restores the CUDA RNG
+   state around the recomputed forward: without CUDA there is none, so both are no-ops
+   (the CPU generator's state is still saved and restored by megatron-core itself).
 """
 
 from __future__ import annotations
@@ -65,5 +68,7 @@ def enable_cpu_execution() -> bool:
         torch.cuda.current_device = lambda: "cpu"  # type: ignore[assignment]
         mrandom._CUDA_RNG_STATE_TRACKER = _NoRngTracker()
         mrandom._CUDA_RNG_STATE_TRACKER_INITIALIZED = True
+        mrandom._get_cuda_rng_state = lambda *args, **kwargs: None
+        mrandom._set_cuda_rng_state = lambda *args, **kwargs: None
         _enabled = True
     return True

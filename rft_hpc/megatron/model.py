@@ -28,12 +28,17 @@ def rope_theta(hf_config: Any) -> float:
 def transformer_config_kwargs(hf_config: Any, *, tensor_parallel: int = 1,
                               pipeline_parallel: int = 1,
                               dtype: torch.dtype = torch.float32,
-                              cpu_init: bool = False) -> dict[str, Any]:
+                              cpu_init: bool = False, recompute: bool = False) -> dict[str, Any]:
     """Keyword arguments of megatron-core's `TransformerConfig` for this Llama config: the
     same shapes, RMSNorm, SwiGLU, no biases, no dropout, and no fused kernels that need
-    Apex or Transformer Engine."""
+    Apex or Transformer Engine. `recompute`: activation checkpointing of every layer
+    (megatron-core's full, uniform recomputation, one layer per checkpoint)."""
     shape = LlamaShape.from_hf(hf_config)
-    return dict(
+    extra: dict[str, Any] = {}
+    if recompute:
+        extra = dict(recompute_granularity="full", recompute_method="uniform",
+                     recompute_num_layers=1)
+    return dict(**extra,
         num_layers=shape.num_layers, hidden_size=shape.hidden_size,
         num_attention_heads=shape.num_heads, num_query_groups=shape.num_kv_heads,
         kv_channels=shape.head_dim, ffn_hidden_size=hf_config.intermediate_size,
@@ -52,7 +57,7 @@ def transformer_config_kwargs(hf_config: Any, *, tensor_parallel: int = 1,
 
 def build_gpt_model(hf_config: Any, *, padded_vocab: int, tensor_parallel: int = 1,
                     pipeline_parallel: int = 1, dtype: torch.dtype = torch.float32,
-                    cpu_init: bool = False) -> Any:
+                    cpu_init: bool = False, recompute: bool = False) -> Any:
     """A GPTModel (local spec) for this rank's pipeline stage, weights left uninitialised
     (load converted ones with `load_megatron_state`). Needs megatron-core and an
     initialised `parallel_state` with the same TP/PP sizes."""
@@ -63,7 +68,7 @@ def build_gpt_model(hf_config: Any, *, padded_vocab: int, tensor_parallel: int =
 
     config = TransformerConfig(**transformer_config_kwargs(
         hf_config, tensor_parallel=tensor_parallel, pipeline_parallel=pipeline_parallel,
-        dtype=dtype, cpu_init=cpu_init))
+        dtype=dtype, cpu_init=cpu_init, recompute=recompute))
     return GPTModel(
         config=config, transformer_layer_spec=get_gpt_layer_local_spec(normalization="RMSNorm"),
         vocab_size=padded_vocab, max_sequence_length=hf_config.max_position_embeddings,

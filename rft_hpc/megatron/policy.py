@@ -102,9 +102,11 @@ class MegatronPolicy(torch.nn.Module):
 
 
 def build_policy(hf_model: torch.nn.Module, *, tensor_parallel: int, pipeline_parallel: int,
-                 divisible_by: int, device: torch.device) -> MegatronPolicy:
+                 divisible_by: int, device: torch.device,
+                 recompute: bool = False) -> MegatronPolicy:
     """This rank's GPTModel shard with `hf_model`'s weights, in `hf_model`'s dtype, on
-    `device`. megatron-core's `parallel_state` must be initialised with these sizes."""
+    `device` (`recompute`: activation checkpointing of every layer). megatron-core's
+    `parallel_state` must be initialised with these sizes."""
     from megatron.core import parallel_state
 
     config = hf_model.config
@@ -114,7 +116,7 @@ def build_policy(hf_model: torch.nn.Module, *, tensor_parallel: int, pipeline_pa
     dtype = next(hf_model.parameters()).dtype
     gpt = build_gpt_model(config, padded_vocab=vocab, tensor_parallel=tensor_parallel,
                           pipeline_parallel=pipeline_parallel, dtype=dtype,
-                          cpu_init=device.type == "cpu")
+                          cpu_init=device.type == "cpu", recompute=recompute)
     if device.type != "cpu":
         gpt = gpt.to(device)
     policy = MegatronPolicy(gpt, config, layout, vocab,

@@ -19,7 +19,7 @@ with the same TP rank), as the torch backend sums them over all ranks. What chan
 
 Refused (`megatron_unsupported`): pipeline parallelism > 1, a rank count that is not a
 multiple of `tensor_parallel`, a critic (PPO/GAE), a KL penalty in the reward at TP > 1
-(rank 0 would run the sharded reference alone), activation checkpointing.
+(rank 0 would run the sharded reference alone).
 """
 
 from __future__ import annotations
@@ -50,9 +50,6 @@ def megatron_unsupported(config: ExperimentConfig, world_size: int | None = None
     if plan.critic_lr is not None:
         return (f"algorithm {plan.type} trains a critic, which trainer.backend megatron does "
                 "not have yet; use trainer.backend torch")
-    if config.trainer.activation_checkpointing:
-        return ("trainer.activation_checkpointing is not wired into trainer.backend megatron "
-                "yet; set it to false")
     if world_size is not None and world_size % mcfg.tensor_parallel:
         return (f"{world_size} trainer ranks do not split into tensor-parallel groups of "
                 f"trainer.megatron.tensor_parallel = {mcfg.tensor_parallel}")
@@ -104,13 +101,15 @@ def setup_model_parallel(config: ExperimentConfig, ctx: DistContext) -> torch.de
 def build(hf_model: torch.nn.Module, config: ExperimentConfig, device: torch.device,
           frozen: bool = False) -> Any:
     """This rank's `MegatronPolicy` with `hf_model`'s weights; `frozen`: a reference copy
-    (eval mode, no gradients)."""
+    (eval mode, no gradients). `trainer.activation_checkpointing` is megatron-core's
+    recomputation of every layer."""
     from rft_hpc.megatron.policy import build_policy
 
     mcfg = config.trainer.megatron
     policy = build_policy(hf_model, tensor_parallel=mcfg.tensor_parallel,
                           pipeline_parallel=mcfg.pipeline_parallel,
-                          divisible_by=mcfg.make_vocab_size_divisible_by, device=device)
+                          divisible_by=mcfg.make_vocab_size_divisible_by, device=device,
+                          recompute=config.trainer.activation_checkpointing and not frozen)
     if frozen:
         policy.eval()
         for p in policy.parameters():

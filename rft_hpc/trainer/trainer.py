@@ -105,7 +105,7 @@ class Trainer:
             self.model = megatron_backend.build(hf_model, config, self.device)
             self._eval_engine = self.engine if self.dist.is_main else None
         self.model.train()
-        if tcfg.activation_checkpointing:
+        if tcfg.activation_checkpointing and not self.megatron:  # megatron: in its config
             self.model.gradient_checkpointing_enable(
                 gradient_checkpointing_kwargs={"use_reentrant": False})
         self.compute_dtype = compute_dtype(tcfg.dtype, self.device)
