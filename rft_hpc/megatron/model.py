@@ -1,7 +1,8 @@
 """Build a megatron-core GPTModel equivalent to an HF Llama config (local layer spec).
 
 The local spec uses megatron-core's own modules (torch RMSNorm when Apex is missing), so
-the model can be constructed on CPUs (`use_cpu_initialization`); its forward needs CUDA.
+the model can be constructed on CPUs (`use_cpu_initialization`); its forward and backward
+run there too with the shims of `rft_hpc.megatron.cpu`.
 Call `megatron.core.parallel_state.initialize_model_parallel` before `build_gpt_model`.
 """
 
