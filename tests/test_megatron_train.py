@@ -234,6 +234,25 @@ def test_pipeline_parallel_is_refused_before_the_run(tmp_path):
     assert not (tmp_path / "runs").exists()
 
 
+def test_settings_the_loop_cannot_train_are_named(tmp_path, tiny_model):
+    from rft_hpc.config import load_config
+    from rft_hpc.trainer.megatron_backend import megatron_unsupported
+
+    def problem(world=None, **trainer):
+        return megatron_unsupported(load_config(write_config(
+            tmp_path / "c.yaml", tiny_model, trainer={"backend": "megatron", **trainer})),
+            world)
+
+    assert problem() is None and problem(4, megatron={"tensor_parallel": 2}) is None
+    assert "do not split into tensor-parallel groups" in problem(3, megatron={
+        "tensor_parallel": 2})
+    assert "trains a critic" in problem(algorithm="ppo")
+    assert "trainer.dtype bfloat16 with model.dtype float32" in problem(dtype="bfloat16")
+    assert "kl_penalty_fn" in megatron_unsupported(load_config(write_config(
+        tmp_path / "k.yaml", tiny_model, algorithm={"kl_penalty_fn": "k1"},
+        trainer={"backend": "megatron", "megatron": {"tensor_parallel": 2}})))
+
+
 def test_demo_run_with_the_megatron_backend_publishes_weights(tmp_path, tiny_model):
     """`rft-hpc run` of the demo's GRPO stage with trainer.backend megatron: the trainer
     publishes every step and the explorers sample with the published weights."""

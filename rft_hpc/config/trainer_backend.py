@@ -52,4 +52,6 @@ class TrainerBackendFields(ConfigSection):
     dtype: ComputeDtype = "auto"
     """Compute dtype of forward and backward: `auto` is bfloat16 on GPUs and float32 on
     CPUs. bfloat16 runs under autocast (ddp) or FSDP2's mixed precision (fsdp); weights
-    and optimizer state keep `model.dtype`, gradients are reduced in float32."""
+    and optimizer state keep `model.dtype`, gradients are reduced in float32. With backend
+    megatron the compute dtype is `model.dtype` (`auto` means it; another value is
+    refused)."""

@@ -17,6 +17,9 @@ with the same TP rank), as the torch backend sums them over all ranks. What chan
 - the checkpoint's optimizer state is AdamW's moments gathered the same way, keyed by HF
   parameter name (`MegatronState`), so a restore loads exact copies into each rank's shard.
 
+The compute dtype is `model.dtype` (weights and AdamW state in it too): megatron-core's
+layers do not run under autocast, so `trainer.dtype` must be `auto` or `model.dtype`.
+
 Refused (`megatron_unsupported`): pipeline parallelism > 1, a rank count that is not a
 multiple of `tensor_parallel`, a critic (PPO/GAE), a KL penalty in the reward at TP > 1
 (rank 0 would run the sharded reference alone).
@@ -46,6 +49,12 @@ def megatron_unsupported(config: ExperimentConfig, world_size: int | None = None
     if mcfg.pipeline_parallel > 1:
         return ("trainer.megatron.pipeline_parallel > 1 is not in the training loop yet "
                 "(the weight layout and gather support it, see docs/megatron.md); use 1")
+    tcfg, model_dtype = config.trainer, config.model.dtype
+    if tcfg.dtype not in ("auto", model_dtype):
+        return (f"trainer.dtype {tcfg.dtype} with model.dtype {model_dtype}: "
+                "trainer.backend megatron computes in the weights' dtype (megatron-core's "
+                "layers do not run under autocast); set model.dtype to it, or trainer.dtype "
+                "auto")
     plan = AlgorithmPlan.of(config)
     if plan.critic_lr is not None:
         return (f"algorithm {plan.type} trains a critic, which trainer.backend megatron does "

@@ -108,7 +108,8 @@ class Trainer:
         if tcfg.activation_checkpointing and not self.megatron:  # megatron: in its config
             self.model.gradient_checkpointing_enable(
                 gradient_checkpointing_kwargs={"use_reentrant": False})
-        self.compute_dtype = compute_dtype(tcfg.dtype, self.device)
+        self.compute_dtype = (getattr(torch, config.model.dtype) if self.megatron
+                              else compute_dtype(tcfg.dtype, self.device))
         self.reference = None
         if self.plan.needs_reference:
             self.reference = (megatron_backend.build(hf_model, config, self.device, frozen=True)
@@ -340,8 +341,8 @@ class Trainer:
 
     def _autocast(self) -> contextlib.AbstractContextManager:
         """Autocast to the compute dtype when it is not float32 and FSDP does not already
-        gather the weights in it."""
-        if self.compute_dtype == torch.float32 or self.fsdp:
+        gather the weights in it (megatron computes in its weights' dtype)."""
+        if self.compute_dtype == torch.float32 or self.fsdp or self.megatron:
             return contextlib.nullcontext()
         return torch.autocast(self.device.type, dtype=self.compute_dtype)
 
