@@ -96,9 +96,10 @@ class MegatronPolicy(torch.nn.Module):
 
         if parallel_state.get_data_parallel_rank() > 0:
             return {}
-        full = gather_hf_state({k: v.detach().cpu() for k, v in local.items()}, self.shape,
+        # gathered on the device (NCCL moves CUDA tensors only), then copied to the CPU
+        full = gather_hf_state({k: v.detach() for k, v in local.items()}, self.shape,
                                self.layout)
-        return full if full is not None else {}
+        return {} if full is None else {k: v.cpu() for k, v in full.items()}
 
 
 def build_policy(hf_model: torch.nn.Module, *, tensor_parallel: int, pipeline_parallel: int,

@@ -93,14 +93,16 @@ class Trainer:
         self.device = (megatron_backend.setup_model_parallel(config, self.dist)
                        if self.megatron else self.dist.device)
         self.tokenizer, self.model = load_policy(config.model.path, config.model.dtype)
-        if self.device.type != "cpu":
+        # megatron: only rank 0 keeps a whole HF replica on the device (for evaluation)
+        if self.device.type != "cpu" and (self.dist.is_main or not self.megatron):
             self.model.to(self.device)
         self.engine = HFEngine(model=self.model, tokenizer=self.tokenizer,
                                device=str(self.device))
         load_start_weights(self.engine, config)
         self._eval_engine: HFEngine | None = None  # sharded: rank 0's whole replica for eval
         hf_model = self.model
-        broadcast_parameters(hf_model, self.dist)
+        if not self.megatron:  # megatron: every rank converts the same files into its shard
+            broadcast_parameters(hf_model, self.dist)
         if self.megatron:  # the HF model stays as rank 0's evaluation replica
             self.model = megatron_backend.build(hf_model, config, self.device)
             self._eval_engine = self.engine if self.dist.is_main else None
@@ -114,6 +116,8 @@ class Trainer:
         if self.plan.needs_reference:
             self.reference = (megatron_backend.build(hf_model, config, self.device, frozen=True)
                               if self.megatron else _frozen(self.model))
+        if self.megatron and not self.dist.is_main:
+            self.engine.model = None  # its shard is all a rank trains; rank 0 alone evaluates
         self.critic: ValueHeadModel | None = None
         self.critic_optimizer: torch.optim.Optimizer | None = None
         if self.plan.critic_lr is not None:
