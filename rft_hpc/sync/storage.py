@@ -44,6 +44,11 @@ CHECKSUM_ALGORITHM = "crc32"
 """The checksum recorded for every file: zlib's CRC-32, as 8 lower-case hex digits."""
 
 _CHUNK = 64 << 20
+# Written 1 MiB at a time: the CRC thread and write() then read the same bytes from the CPU
+# cache, where whole tensors (tens of MB) went from memory twice. Measured on this project's
+# 2-core test machine, 1 GB of 32 MiB tensors: 3.25 s per file in 32 MiB writes, 1.10 s in
+# 1 MiB writes, dd with fdatasync 0.77 s. (Reads are fastest in large chunks: 0.27 s/GB.)
+_WRITE_CHUNK = 1 << 20
 _ALIGN = 8
 _CODES: dict[torch.dtype, str] = {
     torch.float64: "F64", torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16",
@@ -146,10 +151,11 @@ def save_safetensors(path: Path, tensors: Mapping[str, torch.Tensor], *,
             crc.add(chunk)
         for name in names:
             t = tensors[name].detach().to("cpu").contiguous().reshape(-1)
-            if t.numel():
-                data = memoryview(t.view(torch.uint8).numpy())
-                crc.add(data)  # while the same bytes are written
-                f.write(data)
+            data = memoryview(t.view(torch.uint8).numpy())
+            for start in range(0, len(data), _WRITE_CHUNK):
+                piece = data[start:start + _WRITE_CHUNK]
+                crc.add(piece)  # while the same bytes are written
+                f.write(piece)
         f.flush()
         if durable:
             os.fsync(f.fileno())
