@@ -181,3 +181,29 @@ def test_auto_resume_brings_back_a_cancelled_trainer_without_a_person(
     assert stage["trainer"]["restarts"] == 1
     watch_log = (run / "jobs" / "watch.log").read_text()
     assert "resubmitted: main.trainer" in watch_log, watch_log
+
+
+def test_explorers_whose_trainer_is_gone_stop_instead_of_requeueing(
+        slurm_env: dict[str, str], tmp_path: Path, tiny_model: Path) -> None:
+    run = submit(slurm_env, tmp_path, tiny_model, unique("orphan"), "--set", "trainer.steps=16")
+    for role in ("trainer", "explorer-0", "explorer-1"):
+        wait_until(running_at(run, role, 1), what=f"{role} at step 1")
+    slurm(["scancel", job_id(slurm_env, run, "main.trainer")], slurm_env)
+    wait_until(lambda: f"{run.name}.main.trainer" not in jobs_in_queue(slurm_env, run.name),
+               what="the trainer cancelled")
+    # the warning of the explorers' time limit: they save and would requeue themselves
+    slurm(["scancel", "--signal=USR2", job_id(slurm_env, run, "main.explorer")], slurm_env)
+    wait_until(lambda: f"{run.name}.main.explorer" not in jobs_in_queue(slurm_env, run.name),
+               what="the explorers gone from the queue")
+    for i in (0, 1):
+        log = (run / "stages" / "0-main" / "jobs" / f"explorer-{i}.log").read_text()
+        assert f"not requeued: no job {run.name}.main.trainer is queued" in log, log[-3000:]
+        assert "requeueing job" not in log, log[-3000:]
+
+    resumed = rft(slurm_env, "resume", run)
+    assert resumed.returncode == 0, resumed.stderr
+    assert "main.trainer" in resumed.stdout and "main.explorer" in resumed.stdout
+    finished(slurm_env, run, steps=16)
+    stage = audit(slurm_env, run)
+    assert stage["trainer"]["restarts"] == 1
+    assert all(stage["explorers"][f"explorer-{i}"]["restarts"] == 1 for i in (0, 1))

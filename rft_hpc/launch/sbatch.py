@@ -117,13 +117,16 @@ def render_script(ctx: JobContext, settings: SlurmRoleConfig, *, key: str, title
                   job_name: str, log: Path, command: list[str], threads: int,
                   state: Path | None = None,
                   env: dict[str, str] | None = None, array: str | None = None,
-                  record: str | None = None, srun_options: tuple[str, ...] = ()) -> str:
+                  record: str | None = None, srun_options: tuple[str, ...] = (),
+                  requeue_needs: str | None = None) -> str:
     """The sbatch script of one job (its settings at config key `key`): options, umask,
     setup, environment, then srun of `command` (in the container, if any).
 
     `env` values are shell text inside double quotes (they may use `$state`, the stage's
     state folder, and Slurm's variables); `record` names the file in `$state` where a role's
-    job leaves its start, end and exit status.
+    job leaves its start, end and exit status; such a role's job requeues itself when the
+    role asks for it (or crashed, up to `launch.slurm.max_restarts`), but not while no job
+    named `requeue_needs` is queued or running.
     """
     options = sbatch_options(settings, job_name=f"{ctx.run.root.name}.{job_name}", output=log,
                              cwd=ctx.cwd, signal_delay=ctx.launch.slurm.signal_delay,
@@ -152,7 +155,9 @@ def render_script(ctx: JobContext, settings: SlurmRoleConfig, *, key: str, title
                     f'mv "$state/.tmp-{record}.json" "$state/{record}.json"\n')
     requeue = ""
     if record is not None:  # a role: it saved and asked for it (75), or its process died
-        requeue = _REQUEUE.format(exit=REQUEUE_EXIT, limit=ctx.launch.slurm.max_restarts)
+        needs = _REQUEUE_NEEDS.format(job=shlex.quote(requeue_needs)) if requeue_needs else ""
+        requeue = _REQUEUE.format(exit=REQUEUE_EXIT, limit=ctx.launch.slurm.max_restarts,
+                                  needs=needs)
     return template("role.sbatch").substitute(
         sbatch="\n".join(f"#SBATCH {o}" for o in options), title=_one_line(title),
         config=_one_line(ctx.source), preamble="\n".join(preamble), what=shlex.quote(title),
@@ -171,18 +176,32 @@ elif [ "$status" -gt 128 ]; then  # killed: counts against launch.slurm.max_rest
         requeue=yes
     fi
 fi
-if [ -n "$requeue" ]; then
+{needs}if [ -n "$requeue" ]; then
     echo "rft-hpc: $what: requeueing job $job (restart $((${{SLURM_RESTART_COUNT:-0}} + 1)))"
     scontrol requeue "$job"
     exit 0
 fi
 """
 
+# Explorers whose trainer's job is gone (cancelled, or crashed past max_restarts) would wait
+# for weights until their time limit and requeue themselves forever; `rft-hpc resume` (or
+# the --auto-resume watcher) brings back both. A failing squeue leaves the requeue as it is.
+_REQUEUE_NEEDS = """\
+if [ -n "$requeue" ] && queued=$(squeue --me --noheader --format=%i --name={job}) \\
+        && [ -z "$queued" ]; then
+    echo "rft-hpc: $what: not requeued: no job {job} is queued or running to use its" \\
+         "work; rft-hpc resume brings both back"
+    requeue=
+fi
+"""
+
 
 def role_job(ctx: JobContext, role: str, stage_run: RunDir, stage: str, *, threads: int,
-             count: int = 1, after: tuple[str, ...] = (), mpi: bool = False) -> Job:
+             count: int = 1, after: tuple[str, ...] = (), mpi: bool = False,
+             with_trainer: bool = False) -> Job:
     """The explorer array, the evaluator array (`count` tasks each) or the trainer job of
-    one stage."""
+    one stage; an explorer array `with_trainer` requeues itself only while the stage's
+    trainer job is queued or running."""
     slurm = ctx.launch.slurm
     settings: SlurmRoleConfig = getattr(slurm, role)
     # sync.method mpi: each role an MPI program that joins the others by connect/accept
@@ -196,7 +215,8 @@ def role_job(ctx: JobContext, role: str, stage_run: RunDir, stage: str, *, threa
             command=role_command(role, stage_run.root, ARRAY_INDEX,
                                  python=ctx.python(settings)),
             threads=threads, state=stage_run.state, array=f"0-{count - 1}{par}",
-            record=f"slurm-{role}-$SLURM_ARRAY_TASK_ID", srun_options=srun_options)
+            record=f"slurm-{role}-$SLURM_ARRAY_TASK_ID", srun_options=srun_options,
+            requeue_needs=f"{ctx.run.root.name}.{stage}.trainer" if with_trainer else None)
         logs = tuple(stage_run.jobs / f"{role}-{i}.log" for i in range(count))
         return Job(name, role, key, script, after, count, stage, logs)
     # Ranks meet through a file store on the run directory (no MASTER_ADDR to resolve).

@@ -168,7 +168,8 @@ def _plan(config: ExperimentConfig, run: RunDir, first: int, *, source: str,
         mpi = stage.sync.method == "mpi" and stage.mode == "both"
         if stage.mode in ("both", "explore"):
             roles.append(role_job(ctx, "explorer", stage_run, name, count=stage.explorer.count,
-                                  threads=stage.explorer.threads, after=after, mpi=mpi))
+                                  threads=stage.explorer.threads, after=after, mpi=mpi,
+                                  with_trainer=stage.mode == "both"))
         if stage.mode in ("both", "train"):
             roles.append(role_job(ctx, "trainer", stage_run, name,
                                   threads=stage.trainer.threads, after=after, mpi=mpi))
