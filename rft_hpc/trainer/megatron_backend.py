@@ -38,6 +38,7 @@ from rft_hpc.errors import UserError
 from rft_hpc.megatron.shards import tp_cut
 from rft_hpc.trainer.algorithm import AlgorithmPlan
 from rft_hpc.trainer.distributed import DistContext, all_reduce_gradients
+from rft_hpc.trainer.fsdp import FullState
 
 _MOMENTS = ("exp_avg", "exp_avg_sq")
 
@@ -200,28 +201,18 @@ def load_optimizer_state(policy: Any, optimizer: torch.optim.Optimizer,
     optimizer.load_state_dict(template)
 
 
-class MegatronState:
+class MegatronState(FullState):
     """The sharded policy (or its optimizer) as the checkpoint functions see a plain one:
     `state_dict()` is the full state gathered beforehand (rank 0 writes it), and
     `load_state_dict` takes a full state and keeps this rank's shard (every rank loads)."""
-
-    def __init__(self, policy: Any, optimizer: torch.optim.Optimizer | None,
-                 gathered: dict[str, Any] | None = None) -> None:
-        self.policy, self.optimizer, self.gathered = policy, optimizer, gathered
-
-    def state_dict(self) -> dict[str, Any]:
-        """The full state gathered when this view was made."""
-        if self.gathered is None:
-            raise RuntimeError("gather the full state on every rank first")
-        return self.gathered
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Load a full state: the model's HF weights, or the optimizer's when this views
         one."""
         if self.optimizer is None:
-            self.policy.load_hf(state)
+            self.model.load_hf(state)
         else:
-            load_optimizer_state(self.policy, self.optimizer, state)
+            load_optimizer_state(self.model, self.optimizer, state)
 
 
 def checkpoint_parts(policy: Any, optimizer: torch.optim.Optimizer
