@@ -154,38 +154,25 @@ def test_restored_checkpoint_continues_bit_for_bit(tp1):
         assert not torch.equal(w, tp1["weights"][k]), k
 
 
-def test_tp2_over_gloo_equals_tp1(tmp_path, tiny_model, tp1):
-    """Two processes, TP = 2 over gloo (each holds half of every cut weight): the same
-    step as one process, and a restored checkpoint continues it exactly."""
-    tp2 = run_worker(tmp_path, tiny_model, 2)
-    total = sum(t.numel() for t in tp1["weights"].values())
-    assert tp2["shard_numel"] < 0.6 * total  # rank 0 held about half of the model
+@pytest.mark.parametrize("tp", [2, 1], ids=["tp2", "dp2"])
+def test_two_processes_over_gloo_equal_one(tmp_path, tiny_model, tp1, tp):
+    """Two processes over gloo, at TP = 2 (each holds half of every cut weight) or at TP = 1
+    (two data-parallel replicas, each training on half of the rows, gradients summed): the
+    same step as one process, and a restored checkpoint continues it exactly."""
+    two = run_worker(tmp_path, tiny_model, tp, world=2)
+    if tp == 2:
+        total = sum(t.numel() for t in tp1["weights"].values())
+        assert two["shard_numel"] < 0.6 * total  # rank 0 held about half of the model
     for key in ("loss", "tokens", "grad_norm", "kl_ref"):
-        assert tp2["values"][key] == pytest.approx(tp1["values"][key], rel=1e-5), key
+        assert two["values"][key] == pytest.approx(tp1["values"][key], rel=1e-5), key
     for k, g in tp1["grads"].items():
-        torch.testing.assert_close(tp2["grads"][k], g, rtol=1e-4,
+        torch.testing.assert_close(two["grads"][k], g, rtol=1e-4,
                                    atol=1e-5 * float(g.abs().max()), msg=k)
-    assert_same_step(tp1["weights"], tp2["weights"], tp1["grads"], TRAINER["lr"])
-    print(f"megatron TP=2 vs TP=1, one GRPO step: max |weight diff| "
-          f"{max_diff(tp1['weights'], tp2['weights']):.3g}")
-    for k, w in tp2["second"].items():
-        assert torch.equal(tp2["restored"][k], w), k
-
-
-def test_data_parallel_over_gloo_equals_one_process(tmp_path, tiny_model, tp1):
-    """Two processes at TP = 1: two data-parallel replicas, each training on half of the
-    rows, gradients summed: the same step as one process; a restore continues exactly."""
-    dp2 = run_worker(tmp_path, tiny_model, 1, world=2)
-    for key in ("loss", "tokens", "grad_norm", "kl_ref"):
-        assert dp2["values"][key] == pytest.approx(tp1["values"][key], rel=1e-5), key
-    for k, g in tp1["grads"].items():
-        torch.testing.assert_close(dp2["grads"][k], g, rtol=1e-4,
-                                   atol=1e-5 * float(g.abs().max()), msg=k)
-    assert_same_step(tp1["weights"], dp2["weights"], tp1["grads"], TRAINER["lr"])
-    print(f"megatron DP=2 vs one process, one GRPO step: max |weight diff| "
-          f"{max_diff(tp1['weights'], dp2['weights']):.3g}")
-    for k, w in dp2["second"].items():
-        assert torch.equal(dp2["restored"][k], w), k
+    assert_same_step(tp1["weights"], two["weights"], tp1["grads"], TRAINER["lr"])
+    print(f"megatron TP={tp} x DP={2 // tp} vs one process, one GRPO step: max |weight diff| "
+          f"{max_diff(tp1['weights'], two['weights']):.3g}")
+    for k, w in two["second"].items():
+        assert torch.equal(two["restored"][k], w), k
 
 
 def test_role_on_two_tp_ranks_publishes_and_checkpoints_full_weights(tmp_path, tiny_model):
