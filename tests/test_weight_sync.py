@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import subprocess
 import sys
 import textwrap
+import zlib
 from pathlib import Path
 
 import pytest
@@ -25,6 +27,7 @@ from rft_hpc.sync.checkpoint import (
     publish_weights,
     version_dir,
 )
+from rft_hpc.sync.crc import RunningCrc, crc32_combine
 from rft_hpc.sync.storage import load_safetensors, save_safetensors, wait_for_deletions
 
 # Shared with the publisher subprocess of the SIGKILL test: the weights of each version.
@@ -259,3 +262,19 @@ def test_loads_into_a_reused_buffer_give_each_version_whole(tmp_path):
     second = load_weights(tmp_path, 2, buffer)  # smaller: into the same memory
     assert torch.equal(second["w"], small["w"]) and torch.equal(second["b"], small["b"])
     assert second["w"].untyped_storage().data_ptr() == address
+
+
+def test_running_crc_equals_zlib_with_one_or_more_threads():
+    rng = random.Random(7)
+    for _ in range(300):  # crc32_combine against zlib on odd lengths, empty ones included
+        a, b = rng.randbytes(rng.randint(0, 300)), rng.randbytes(rng.choice([0, 1, 7, 4099]))
+        assert crc32_combine(zlib.crc32(a), zlib.crc32(b), len(b)) == zlib.crc32(a + b)
+    data = rng.randbytes(3 << 20)
+    for workers in (1, 2, 3):
+        with RunningCrc(workers) as crc:
+            pos = 0
+            while pos < len(data):
+                n = rng.choice([0, 1, 1000, 1 << 20])
+                crc.add(memoryview(data)[pos:pos + n])
+                pos += n
+            assert crc.value == zlib.crc32(data), workers

@@ -1,7 +1,7 @@
 """Storage primitives shared by weight publishing and trainer checkpoints.
 
 - `save_safetensors` / `load_safetensors`: a streaming safetensors codec that computes the
-  file's CRC-32 on a second thread while writing or reading it (`RunningCrc`), so a checksum
+  file's CRC-32 on helper threads while writing or reading it (`rft_hpc.sync.crc`), so a checksum
   costs neither a second pass nor time on a machine with a core to spare, and that
   never holds a second copy of the tensors: the writer streams one tensor at a time (moving it
   off the GPU if needed), the reader reads the file once into one buffer and returns views of
@@ -30,7 +30,6 @@ import shutil
 import struct
 import tempfile
 import threading
-import zlib
 from collections.abc import Collection, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -39,6 +38,7 @@ from pathlib import Path
 import torch
 
 from rft_hpc.rundir import TEMP_PREFIX, fsync_dir
+from rft_hpc.sync.crc import RunningCrc
 
 CHECKSUM_ALGORITHM = "crc32"
 """The checksum recorded for every file: zlib's CRC-32, as 8 lower-case hex digits."""
@@ -69,33 +69,6 @@ class FileDigest:
 
     def as_json(self) -> dict[str, int | str]:
         return {"bytes": self.bytes, "checksum": self.checksum}
-
-
-class RunningCrc:
-    """The CRC-32 of byte chunks, computed in order on a worker thread (zlib releases the GIL)
-    while the caller writes or reads the next chunk. Use as a context manager; `value` waits
-    for the last chunk. A chunk must not change until `value` returns."""
-
-    def __init__(self) -> None:
-        self._pool = ThreadPoolExecutor(1, thread_name_prefix="crc32")
-        self._last: Future[int] | None = None
-
-    def __enter__(self) -> RunningCrc:
-        return self
-
-    def __exit__(self, *_exc: object) -> None:
-        self._pool.shutdown(wait=True)
-
-    def add(self, chunk: bytes | memoryview) -> None:
-        """Fold `chunk` into the checksum (asynchronously)."""
-        prev = self._last
-        self._last = self._pool.submit(
-            lambda: zlib.crc32(chunk, 0 if prev is None else prev.result()))
-
-    @property
-    def value(self) -> int:
-        """The checksum of every chunk added so far."""
-        return 0 if self._last is None else self._last.result()
 
 
 class ReadBuffer:
@@ -172,7 +145,8 @@ def load_safetensors(path: Path, buffer: ReadBuffer | None = None,
     them keeps alive. Raises `ValueError` for a file that is not valid safetensors and
     `OSError` when it cannot be read whole.
     """
-    with open(path, "rb", buffering=0) as f, RunningCrc() as running:
+    # two CRC threads: one falls behind memcpy from the page cache (0.26 vs 0.15 s per GB)
+    with open(path, "rb", buffering=0) as f, RunningCrc(workers=2) as running:
         size = os.fstat(f.fileno()).st_size
         buf = buffer.get(size) if buffer is not None else torch.empty(size, dtype=torch.uint8)
         view = memoryview(buf.numpy())
