@@ -142,7 +142,7 @@ def test_a_one_minute_time_limit_finishes_through_requeues(
 
 def test_a_cancelled_job_is_brought_back_by_resume(
         slurm_env: dict[str, str], tmp_path: Path, tiny_model: Path) -> None:
-    run = submit(slurm_env, tmp_path, tiny_model, unique("resume"))
+    run = submit(slurm_env, tmp_path, tiny_model, unique("resume"), "--set", "trainer.steps=16")
     wait_until(running_at(run, "trainer", 3), what="trainer at step 3")
     trainer = job_id(slurm_env, run, "main.trainer")
     slurm(["scancel", trainer], slurm_env)
@@ -156,7 +156,7 @@ def test_a_cancelled_job_is_brought_back_by_resume(
     # the explorers, still running, are kept; the trainer and what waited for it come back
     assert "main.trainer" in resumed.stdout and "finalize" in resumed.stdout
     assert "main.explorer " not in resumed.stdout, resumed.stdout
-    finished(slurm_env, run)
+    finished(slurm_env, run, steps=16)
     stage = audit(slurm_env, run)
     assert stage["trainer"]["restarts"] == 1 and stage["trainer"]["causes"] == ["stopped"]
     assert status(slurm_env, run)["submissions"] == 2
@@ -167,8 +167,8 @@ def test_a_cancelled_job_is_brought_back_by_resume(
 def test_auto_resume_brings_back_a_cancelled_trainer_without_a_person(
         slurm_env: dict[str, str], tmp_path: Path, tiny_model: Path) -> None:
     name = unique("auto")
-    result = rft(slurm_env, "submit", DEMO, *chaos_args(tmp_path, tiny_model), "--name", name,
-                 "--auto-resume")
+    result = rft(slurm_env, "submit", DEMO, *chaos_args(tmp_path, tiny_model),
+                 "--set", "trainer.steps=16", "--name", name, "--auto-resume")
     assert result.returncode == 0 and "afternotok" in result.stdout, result.stderr
     run = tmp_path / name
     _SUBMITTED.append((slurm_env, run))
@@ -176,7 +176,7 @@ def test_auto_resume_brings_back_a_cancelled_trainer_without_a_person(
     slurm(["scancel", job_id(slurm_env, run, "main.trainer")], slurm_env)
     wait_until(lambda: status(slurm_env, run)["submissions"] == 2, timeout=120,
                what="the watcher's resubmission")
-    finished(slurm_env, run)
+    finished(slurm_env, run, steps=16)
     stage = audit(slurm_env, run)
     assert stage["trainer"]["restarts"] == 1
     watch_log = (run / "jobs" / "watch.log").read_text()
