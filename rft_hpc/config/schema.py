@@ -16,7 +16,9 @@ from pydantic import BaseModel, Field, field_validator, model_validator
 from rft_hpc.buffer.config import BufferConfig
 from rft_hpc.config.algorithm import AlgorithmConfig, AlgorithmType, sync_algorithm_type
 from rft_hpc.config.pipeline import PipelineConfig
+from rft_hpc.config.sync import SyncConfig
 from rft_hpc.config.trainer_backend import TrainerBackendFields
+from rft_hpc.config.vllm import VLLMConfig
 from rft_hpc.config.workflow import (
     MultiTurnWorkflow,
     OverRolloutConfig,
@@ -76,56 +78,6 @@ class ModelConfig(ConfigSection):
     start_weights: Path | None = None
     """A published weights folder (weights/v<N>) loaded over the model folder's own weights;
     set by multi-stage runs to start a stage where the previous one ended."""
-
-
-class VLLMConfig(ConfigSection):
-    """The vLLM engine of each explorer (explorer.engine: vllm)."""
-
-    tensor_parallel_size: int = Field(1, ge=1)
-    """GPUs one explorer's engine shards the model over (the explorer's job needs as many)."""
-
-    gpu_memory_utilization: float = Field(0.9, gt=0.0, le=1.0)
-    """Share of the GPU's memory vLLM takes for weights, activations and KV cache (on CPUs:
-    of the machine's memory, unless `kv_cache_gb` is set)."""
-
-    kv_cache_gb: float | None = Field(None, gt=0.0)
-    """KV cache size in GiB; null: what `gpu_memory_utilization` leaves on GPUs, 1 GiB on
-    CPUs."""
-
-    max_model_len: int | None = Field(None, ge=1)
-    """Longest prompt + response in tokens; null: the model's own limit."""
-
-    enable_prefix_caching: bool = True
-    """Reuse the KV cache of shared prompt prefixes (the group of a task shares its prompt);
-    dropped at every weight update."""
-
-    enforce_eager: bool = False
-    """Run the model eagerly, without CUDA graphs or torch.compile: starts much faster,
-    generates slower."""
-
-    dtype: Literal["float32", "bfloat16", "float16"] | None = None
-    """Dtype of the engine's weights and activations; null: `model.dtype`."""
-
-    multiprocessing: bool = False
-    """Run vLLM's engine core in a process of its own; false: in the explorer's process,
-    which starts faster and takes new weights straight from memory."""
-
-    weight_update: Literal["auto", "memory", "folder"] = "auto"
-    """How new weights enter the running engine: `memory` (tensors handed over in-process;
-    needs multiprocessing false and tensor_parallel_size 1), `folder` (written as a
-    safetensors file to `scratch_dir`, read by every worker) or `auto` (memory when it can)."""
-
-    scratch_dir: Path | None = None
-    """Folder for the weight file of `folder` updates (node-local memory is best); null:
-    /dev/shm where it exists, else the system's temporary folder."""
-
-    @model_validator(mode="after")
-    def _memory_update_in_process(self) -> VLLMConfig:
-        if self.weight_update == "memory" and (self.multiprocessing
-                                               or self.tensor_parallel_size > 1):
-            raise ValueError("weight_update memory needs multiprocessing false and "
-                             "tensor_parallel_size 1 (use folder or auto)")
-        return self
 
 
 class ExplorerConfig(ConfigSection):
@@ -228,37 +180,6 @@ class TrainerConfig(TrainerBackendFields, ConfigSection):
 
     threads: int = Field(1, ge=1)
     """CPU threads of the trainer process (torch intra-op threads)."""
-
-
-class SyncConfig(ConfigSection):
-    """How and how often new policy weights travel from the trainer to the explorers."""
-
-    method: Literal["checkpoint", "nccl", "mpi"] = "checkpoint"
-    """Transport: `checkpoint` (files on the shared filesystem, always works), `nccl`
-    (torch.distributed broadcast, gloo on CPUs) or `mpi` (mpi4py broadcast)."""
-
-    interval: int = Field(1, ge=1)
-    """Trainer steps between weight publishes (Trinity-RFT's `sync_interval`)."""
-
-    offset: int = Field(0, ge=0)
-    """Steps an explorer may run ahead of the newest weights it holds: 0 is strictly
-    on-policy, 1 one-step off-policy, large fully asynchronous (`sync_offset`)."""
-
-    timeout: float = Field(600.0, gt=0.0)
-    """Seconds a sync may take before the role falls back to `checkpoint` (`sync_timeout`)."""
-
-    bucket_mb: float = Field(64.0, gt=0.0)
-    """With nccl/mpi: size of the buffers the weights travel in (tensors of one dtype are
-    packed together; a large tensor goes in pieces of this size)."""
-
-    checksum: bool = False
-    """With nccl/mpi: receivers verify a CRC32 of every version (one more pass over the
-    weights on each side)."""
-
-    idle_publish: float = Field(5.0, ge=0.0)
-    """With nccl/mpi: seconds the trainer waits for data before it also writes its current
-    weights as files, so that an explorer that (re)started after the last broadcast can go
-    on."""
 
 
 class EvalConfig(ConfigSection):

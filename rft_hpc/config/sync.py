@@ -1,0 +1,41 @@
+"""`sync`: how and how often weights travel from the trainer to the explorers
+(docs/weights-format.md)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+
+from rft_hpc.config_section import ConfigSection
+
+
+class SyncConfig(ConfigSection):
+    """How and how often new policy weights travel from the trainer to the explorers."""
+
+    method: Literal["checkpoint", "nccl", "mpi"] = "checkpoint"
+    """Transport: `checkpoint` (files on the shared filesystem, always works), `nccl`
+    (torch.distributed broadcast, gloo on CPUs) or `mpi` (mpi4py broadcast)."""
+
+    interval: int = Field(1, ge=1)
+    """Trainer steps between weight publishes (Trinity-RFT's `sync_interval`)."""
+
+    offset: int = Field(0, ge=0)
+    """Steps an explorer may run ahead of the newest weights it holds: 0 is strictly
+    on-policy, 1 one-step off-policy, large fully asynchronous (`sync_offset`)."""
+
+    timeout: float = Field(600.0, gt=0.0)
+    """Seconds a sync may take before the role falls back to `checkpoint` (`sync_timeout`)."""
+
+    bucket_mb: float = Field(64.0, gt=0.0)
+    """With nccl/mpi: size of the buffers the weights travel in (tensors of one dtype are
+    packed together; a large tensor goes in pieces of this size)."""
+
+    checksum: bool = False
+    """With nccl/mpi: receivers verify a CRC32 of every version (one more pass over the
+    weights on each side)."""
+
+    idle_publish: float = Field(5.0, ge=0.0)
+    """With nccl/mpi: seconds the trainer waits for data before it also writes its current
+    weights as files, so that an explorer that (re)started after the last broadcast can go
+    on."""
