@@ -1,4 +1,4 @@
-"""Sbatch scripts of a run, rendered from the templates in `slurm/`.
+"""Sbatch scripts of a run, rendered from the templates in `slurm/` (package `rft_hpc.slurm`).
 
 Every job runs, under srun, the very role command that `rft-hpc run` starts as a local
 process (`role_command`). The scripts hold no secrets: `pass_env` names travel by name
@@ -13,6 +13,7 @@ import shlex
 import string
 import sys
 from dataclasses import dataclass, replace
+from importlib.resources import files
 from pathlib import Path
 
 from rft_hpc.launch.config import LaunchConfig, SlurmRoleConfig
@@ -20,7 +21,6 @@ from rft_hpc.roles.lifecycle import REQUEUE_EXIT
 from rft_hpc.run.local import role_command, role_env
 from rft_hpc.rundir import RunDir, read_json
 
-TEMPLATES = Path(__file__).resolve().parents[2] / "slurm"
 ARRAY_INDEX = "$SLURM_ARRAY_TASK_ID"
 """Shell text of the array task's index: an explorer's `--index` in its array job."""
 
@@ -30,8 +30,10 @@ class _Template(string.Template):
 
 
 def template(name: str) -> _Template:
-    """A template of `slurm/` (`role.sbatch`, `submit.sh`)."""
-    return _Template((TEMPLATES / name).read_text(encoding="utf-8"))
+    """A template of `slurm/` (`role.sbatch`, `submit.sh`), read from the installed package
+    `rft_hpc.slurm` (setup.py maps the top-level folder to it; an editable install reads
+    the folder itself)."""
+    return _Template(files("rft_hpc.slurm").joinpath(name).read_text(encoding="utf-8"))
 
 
 @dataclass(frozen=True)
