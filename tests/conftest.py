@@ -10,8 +10,16 @@ from multiprocessing.context import BaseContext
 from pathlib import Path
 
 import pytest
+from helpers.tools import check_needs
 
 from rft_hpc.buffer.layout import ensure_buffer_dir
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """A test whose tools are missing is skipped (failed under CI=true) before its fixtures
+    start anything: see tests/helpers/tools.py."""
+    check_needs(item)
 
 
 @pytest.fixture

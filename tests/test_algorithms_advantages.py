@@ -18,8 +18,8 @@ from rft_hpc.algorithms import (
     reinforce_plus_plus,
     rloo,
 )
+from rft_hpc.batch.tokens import collate
 from rft_hpc.buffer.records import Experience
-from rft_hpc.trainer.batching import collate
 
 LN2, LN3 = math.log(2.0), math.log(3.0)
 

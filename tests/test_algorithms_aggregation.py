@@ -21,7 +21,7 @@ from rft_hpc.algorithms import (
     sft_policy_loss,
     value_loss,
 )
-from rft_hpc.errors import UserError
+from rft_hpc.core.errors import UserError
 
 VALUES = torch.tensor([[1.0, 2.0, 3.0], [4.0, 5.0, 6.0], [7.0, 8.0, 9.0]])
 MASK = torch.tensor([[1.0, 1.0, 0.0], [1.0, 0.0, 0.0], [0.0, 0.0, 0.0]])  # row 2: padding

@@ -23,10 +23,10 @@ from rft_hpc.algorithms import (
     token_entropy,
     value_loss,
 )
+from rft_hpc.batch.logprobs import token_logprobs
+from rft_hpc.batch.tokens import collate_dpo
 from rft_hpc.buffer.records import DPOPair
-from rft_hpc.errors import UserError
-from rft_hpc.trainer.batching import collate_dpo
-from rft_hpc.trainer.losses import token_logprobs
+from rft_hpc.core.errors import UserError
 
 LN2, LN3 = math.log(2.0), math.log(3.0)
 

@@ -21,7 +21,7 @@ from rft_hpc.algorithms import (
     resolve_advantage,
     resolve_policy_loss,
 )
-from rft_hpc.errors import UserError
+from rft_hpc.core.errors import UserError
 
 PLUGIN = '''
 import torch

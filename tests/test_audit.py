@@ -6,14 +6,14 @@ import sys
 
 import pytest
 
-from rft_hpc.audit import audit_run
 from rft_hpc.buffer import Experience, RecordRef, SegmentWriter
 from rft_hpc.buffer.layout import quarantine_segment
 from rft_hpc.config import ExperimentConfig
-from rft_hpc.errors import UserError
-from rft_hpc.ledger import LedgerWriter, compact_refs
-from rft_hpc.roles.common import freeze_config
-from rft_hpc.rundir import atomic_write_json
+from rft_hpc.core.errors import UserError
+from rft_hpc.core.rundir import atomic_write_json
+from rft_hpc.ledger.audit import audit_run
+from rft_hpc.ledger.log import LedgerWriter, compact_refs
+from rft_hpc.runtime.common import freeze_config
 
 EXPLORERS, STEPS, PER_STEP = 2, 5, 2  # explorer steps 0..4, trainer steps 1..5 of 4 records
 

@@ -20,7 +20,7 @@ from rft_hpc.buffer import (
 from rft_hpc.buffer.check import summarize_buffer, verify_buffer
 from rft_hpc.buffer.jsonl import export_jsonl, import_jsonl, iter_segments
 from rft_hpc.buffer.segment import SCHEMA_VERSION
-from rft_hpc.errors import UserError
+from rft_hpc.core.errors import UserError
 from rft_hpc.models.tokenizer import build_char_tokenizer
 
 

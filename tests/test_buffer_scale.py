@@ -21,12 +21,12 @@ from buffer_workers import MARK_BEGIN, MARK_END, tiny_writer_main, write_steps
 from rft_hpc.buffer import BufferReader
 from rft_hpc.buffer.layout import ensure_buffer_dir
 
-STRACE = shutil.which("strace") or "/usr/bin/strace"
+STRACE = shutil.which("strace") or "strace"
 WORKERS = Path(__file__).with_name("buffer_workers.py")
 POLLS = 200
 BIG = 10_000
 
-pytestmark = pytest.mark.skipif(not Path(STRACE).exists(), reason="needs strace")
+pytestmark = pytest.mark.needs_program("strace")
 
 
 def consume_all(buffer: Path, reader: BufferReader | None = None) -> BufferReader:

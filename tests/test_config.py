@@ -11,7 +11,7 @@ from pydantic import BaseModel
 
 from rft_hpc.config import ConfigError, ExperimentConfig, load_config, schema
 from rft_hpc.config.reference import render_reference, splice
-from rft_hpc.errors import UserError
+from rft_hpc.core.errors import UserError
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -8,13 +8,15 @@ import json
 import pytest
 import torch
 
+from rft_hpc.batch.logprobs import token_logprobs
+from rft_hpc.batch.tokens import collate
 from rft_hpc.config.schema import VLLMConfig
 from rft_hpc.engines.hf import load_policy
 from rft_hpc.engines.vllm import VLLMEngine
 from rft_hpc.explorer.workflow import SamplingSettings, explore_tasks
 from rft_hpc.tasks.task import Task
-from rft_hpc.trainer.batching import collate
-from rft_hpc.trainer.losses import token_logprobs
+
+pytestmark = pytest.mark.needs_module("vllm")
 
 ATOL = 5e-5  # float32 on both sides; vLLM's CPU kernels sum in another order than torch's
 TASKS = [Task(f"t{i}", f"{10 + i}+{20 + i}=", str(30 + 2 * i)) for i in range(3)]

@@ -6,9 +6,11 @@ import sys
 import pytest
 import torch
 
+from rft_hpc.batch.logprobs import token_logprobs
+from rft_hpc.batch.tokens import collate
 from rft_hpc.config import load_config
+from rft_hpc.core.errors import UserError
 from rft_hpc.engines.hf import HFEngine
-from rft_hpc.errors import UserError
 from rft_hpc.explorer.role import required_version
 from rft_hpc.explorer.workflow import SamplingSettings, explore_tasks
 from rft_hpc.run.stages import create_run
@@ -16,8 +18,6 @@ from rft_hpc.tasks.arithmetic import arithmetic_tasks
 from rft_hpc.tasks.rewards import resolve_reward
 from rft_hpc.tasks.stream import TaskStream
 from rft_hpc.tasks.task import Task, load_task_file
-from rft_hpc.trainer.batching import collate
-from rft_hpc.trainer.losses import token_logprobs
 
 
 def test_arithmetic_split_is_seeded_and_disjoint():

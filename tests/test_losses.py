@@ -9,16 +9,15 @@ import numpy as np
 import pytest
 import torch
 
+from rft_hpc.algorithms.advantages import grpo_advantages
+from rft_hpc.batch.logprobs import target_logprobs, token_logprobs
+from rft_hpc.batch.tokens import collate
 from rft_hpc.buffer.records import Experience, SFTSample
 from rft_hpc.models.tiny import init_tiny_model
-from rft_hpc.trainer.batching import collate
 from rft_hpc.trainer.losses import (
-    grpo_advantages,
     kl_penalty,
     policy_loss,
     sft_loss,
-    target_logprobs,
-    token_logprobs,
 )
 
 LN2, LN3 = math.log(2.0), math.log(3.0)

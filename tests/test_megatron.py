@@ -139,6 +139,7 @@ def test_layout_refuses_sizes_that_cut_a_query_group() -> None:
         Layout.for_model(shape, 1, 3)
 
 
+@pytest.mark.needs_module("megatron.core")
 def test_conversion_fits_a_real_gptmodel() -> None:
     """A megatron-core GPTModel built from the HF config has exactly the converted keys and
     shapes, loads them, and its modules then compute what the HF modules compute. (The full
@@ -240,6 +241,7 @@ def test_gather_over_gloo_tp2_pp2(tmp_path: Path) -> None:
     run_ranks(tmp_path, "plain", 2, 2, gqa_config())
 
 
+@pytest.mark.needs_module("megatron.core")
 def test_gather_real_gptmodel_tp2(tmp_path: Path) -> None:
     """2 ranks init megatron-core's parallel_state at TP=2 over gloo, each loads its shard
     into a real TP=2 GPTModel; gathering the models' state_dict() gives the HF weights."""

@@ -22,7 +22,7 @@ from test_trainer_distributed import (
     write_config,
 )
 
-pytest.importorskip("megatron.core")
+pytestmark = pytest.mark.needs_module("megatron.core")
 
 TRAINER = {"algorithm": "grpo", "lr": 1e-3, "batch_size": 8, "grad_clip": 1.0,
            "kl_coef": 0.05, "weight_decay": 0.01}

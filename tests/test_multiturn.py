@@ -13,11 +13,11 @@ from pydantic import ValidationError
 from rft_hpc.buffer.jsonl import iter_segments
 from rft_hpc.buffer.segment import read_segment
 from rft_hpc.config.workflow import MultiTurnWorkflow, OverRolloutConfig
+from rft_hpc.core.errors import UserError
 from rft_hpc.engines.hf import HFEngine
 from rft_hpc.envs.base import build_env, check_env
 from rft_hpc.envs.faulty import is_bad
 from rft_hpc.envs.guess import GuessEnv
-from rft_hpc.errors import UserError
 from rft_hpc.explorer.multiturn import TurnSettings
 from rft_hpc.explorer.overrollout import MultiTurnExplorer
 from rft_hpc.monitor.metrics import read_metrics

@@ -21,14 +21,14 @@ from rft_hpc.config.pipeline import (
     SequentialSelector,
     ShuffleSelector,
 )
-from rft_hpc.errors import UserError
+from rft_hpc.core.errors import UserError
+from rft_hpc.core.rundir import RunDir
 from rft_hpc.pipeline.explorer_side import ExplorerPipeline, pass_counts, taskset_metrics
 from rft_hpc.pipeline.filters import filter_batch
 from rft_hpc.pipeline.selectors import build_selector
 from rft_hpc.pipeline.shaping import shape_rewards
 from rft_hpc.pipeline.stream import MixedTaskStream, TaskSet, build_task_stream, round_pattern
 from rft_hpc.pipeline.task_stats import TaskStats
-from rft_hpc.rundir import RunDir
 from rft_hpc.tasks.arithmetic import difficulty
 from rft_hpc.tasks.source import build_tasks
 from rft_hpc.tasks.stream import TaskStream

@@ -4,7 +4,7 @@ import os
 import subprocess
 import sys
 
-from rft_hpc.rundir import RunDir, atomic_write_json, atomic_write_text, read_json
+from rft_hpc.core.rundir import RunDir, atomic_write_json, atomic_write_text, read_json
 
 
 def test_create_lays_out_every_folder(tmp_path):
@@ -29,7 +29,7 @@ def test_killed_writer_never_leaves_a_partial_file(tmp_path):
     """A process killed while rewriting a file leaves the old or the new content, whole."""
     target = tmp_path / "LATEST"
     atomic_write_text(target, "old\n")
-    code = ("import sys; from rft_hpc.rundir import atomic_write_text\n"
+    code = ("import sys; from rft_hpc.core.rundir import atomic_write_text\n"
             "for i in range(10**6): atomic_write_text(sys.argv[1], f'{i}\\n' * 1000)\n")
     for delay in (0.3, 0.5, 0.7):
         proc = subprocess.Popen([sys.executable, "-c", code, str(target)])
@@ -40,6 +40,36 @@ def test_killed_writer_never_leaves_a_partial_file(tmp_path):
             proc.wait()
         lines = target.read_text().splitlines()
         assert lines == ["old"] or (len(lines) == 1000 and len(set(lines)) == 1)
+
+
+def test_a_reader_racing_a_rewriting_writer_only_ever_sees_whole_files(tmp_path):
+    """Another process rewrites the file 1500 times while this one reads it in a loop: every
+    read is one whole version. (Writing in place, a reader sees a truncated file at once.)"""
+    target = tmp_path / "state.txt"
+    lines = 20_000  # 40-100 kB: long enough that a write in place is caught half done
+    atomic_write_text(target, "0\n" * lines)
+    # durable=False: no fsync, so the rewrites follow each other fast and the reads overlap
+    # them; what a reader sees does not depend on the fsync
+    code = ("import sys; from rft_hpc.core.rundir import atomic_write_text\n"
+            f"for i in range(1, 1501): atomic_write_text(sys.argv[1], f'{{i}}\\n' * {lines},"
+            " durable=False)\n")
+    proc = subprocess.Popen([sys.executable, "-c", code, str(target)])
+    versions, torn = set(), []
+    try:
+        while proc.poll() is None:
+            text = target.read_text()
+            first = text[:text.find("\n") + 1]
+            if not first or text != first * lines:
+                torn.append(len(text))
+            else:
+                versions.add(first)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait(timeout=30)
+    assert proc.returncode == 0
+    assert torn == [], f"{len(torn)} reads saw a partial file (sizes {torn[:5]})"
+    assert len(versions) >= 10, f"the reads overlapped too few rewrites: {sorted(versions)}"
 
 
 def test_atomic_writes_respect_the_umask(tmp_path):

@@ -22,7 +22,7 @@ import pytest
 from slurm_cluster import slurm, wait_for_states
 from test_experiment_run import DEMO, EVALUATOR, scores_match_trainer, short
 
-from rft_hpc.config_section import ConfigSection
+from rft_hpc.core.config_section import ConfigSection
 from rft_hpc.launch import config as launch_config
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -10,12 +10,13 @@ import numpy as np
 import pytest
 import torch
 
+from rft_hpc.batch.logprobs import token_logprobs
+from rft_hpc.batch.tokens import collate
 from rft_hpc.buffer.records import SFTSample
 from rft_hpc.models.tiny import init_tiny_model
 from rft_hpc.sync.storage import wait_for_deletions
-from rft_hpc.trainer.batching import collate
 from rft_hpc.trainer.checkpoint import CheckpointError, load_trainer_state, save_trainer_state
-from rft_hpc.trainer.losses import sft_loss, token_logprobs
+from rft_hpc.trainer.losses import sft_loss
 
 
 @pytest.fixture(scope="module")

@@ -22,7 +22,7 @@ import yaml
 
 from rft_hpc.buffer.reader import Batch
 from rft_hpc.buffer.records import Experience, SFTSample
-from rft_hpc.roles.lifecycle import REQUEUE_EXIT
+from rft_hpc.runtime.lifecycle import REQUEUE_EXIT
 from rft_hpc.trainer.distributed import (
     ENV_BACKEND,
     ENV_INIT_FILE,

@@ -15,8 +15,8 @@ import pytest
 import safetensors.torch
 import torch
 
+from rft_hpc.core.rundir import TEMP_PREFIX
 from rft_hpc.models.tiny import init_tiny_model
-from rft_hpc.rundir import TEMP_PREFIX
 from rft_hpc.sync import checkpoint as sync
 from rft_hpc.sync.checkpoint import (
     WeightsError,

@@ -1,9 +1,4 @@
-"""The RFT algorithm parts as a library: advantages, policy losses, KL and entropy terms,
-loss aggregation, the PPO critic, and a registry to pick them by name (or import path).
-
-Tensors follow the `TokenBatch` convention: per-token tensors are [B, L-1], position j
-about token j+1, with the batch's `loss_mask` telling which tokens are trained.
-"""
+"""The RFT algorithm library: advantages, policy losses, KL, aggregation, PPO critic, registry."""
 
 from rft_hpc.algorithms.advantages import (
     AdvantageBatch,

@@ -23,7 +23,7 @@ from typing import Literal, NamedTuple
 import torch
 
 from rft_hpc.algorithms.aggregation import masked_whiten
-from rft_hpc.trainer.batching import TokenBatch
+from rft_hpc.batch.tokens import TokenBatch
 
 
 @dataclass(frozen=True)

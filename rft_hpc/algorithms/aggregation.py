@@ -32,7 +32,7 @@ from typing import Literal, get_args
 
 import torch
 
-from rft_hpc.errors import UserError
+from rft_hpc.core.errors import UserError
 
 LossAggMode = Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean",
                       "seq-mean-token-sum-norm"]

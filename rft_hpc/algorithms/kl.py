@@ -24,7 +24,7 @@ import torch
 from torch.utils.checkpoint import checkpoint
 
 from rft_hpc.algorithms.aggregation import LossAggMode, LossNorm, aggregate_loss
-from rft_hpc.errors import UserError
+from rft_hpc.core.errors import UserError
 
 KLKind = Literal["k1", "k2", "k3", "low_var_kl", "abs"]
 KL_KINDS: tuple[str, ...] = get_args(KLKind)

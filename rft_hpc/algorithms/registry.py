@@ -17,7 +17,7 @@ import torch
 from rft_hpc.algorithms import advantages, policy_losses
 from rft_hpc.algorithms.advantages import AdvantageBatch, Advantages
 from rft_hpc.algorithms.policy_losses import PolicyLossInputs
-from rft_hpc.plugins import register, resolve
+from rft_hpc.core.plugins import register, resolve
 
 AdvantageFn = Callable[..., Advantages]
 """`(AdvantageBatch, **params) -> Advantages`"""

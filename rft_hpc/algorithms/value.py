@@ -7,7 +7,7 @@ from pathlib import Path
 import torch
 
 from rft_hpc.algorithms.aggregation import LossAggMode, LossNorm, aggregate_loss, masked_mean
-from rft_hpc.trainer.batching import TokenBatch
+from rft_hpc.batch.tokens import TokenBatch
 
 
 class ValueHeadModel(torch.nn.Module):

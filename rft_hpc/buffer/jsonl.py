@@ -24,8 +24,8 @@ from rft_hpc.buffer.layout import ensure_buffer_dir, open_buffer_dir, writer_nam
 from rft_hpc.buffer.records import DPOPair, Experience, Record, SFTSample
 from rft_hpc.buffer.segment import CorruptSegment, committed_segments, read_segment, segment_name
 from rft_hpc.buffer.writer import SegmentWriter
-from rft_hpc.errors import UserError
-from rft_hpc.rundir import TEMP_PREFIX, fsync_dir
+from rft_hpc.core.errors import UserError
+from rft_hpc.core.rundir import TEMP_PREFIX, fsync_dir
 
 KINDS = ("sft", "dpo", "rl")
 MAX_REPORTED_ERRORS = 10

@@ -13,8 +13,8 @@ import os
 from pathlib import Path
 
 from rft_hpc.buffer.segment import SCHEMA_VERSION
-from rft_hpc.errors import UserError
-from rft_hpc.rundir import atomic_write_json, atomic_write_text, fsync_dir, is_temporary
+from rft_hpc.core.errors import UserError
+from rft_hpc.core.rundir import atomic_write_json, atomic_write_text, fsync_dir, is_temporary
 
 FORMAT_FILE = "FORMAT"
 FORMAT_NAME = "rft-hpc-buffer"

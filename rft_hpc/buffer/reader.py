@@ -16,12 +16,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from rft_hpc.buffer.config import BufferConfig
 from rft_hpc.buffer.layout import quarantine_segment, writer_names
 from rft_hpc.buffer.records import Record
 from rft_hpc.buffer.sampling import PoolItem, build_pool
 from rft_hpc.buffer.segment import CorruptSegment, Segment, read_segment, segment_name
 from rft_hpc.buffer.segment import committed_segments as list_segments
+from rft_hpc.config.buffer import BufferConfig
 
 log = logging.getLogger(__name__)
 

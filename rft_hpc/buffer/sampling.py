@@ -12,7 +12,7 @@ import heapq
 from collections import deque
 from typing import Any, Protocol
 
-from rft_hpc.buffer.config import FifoSampler, MixtureSampler, PrioritySampler, SamplerConfig
+from rft_hpc.config.buffer import FifoSampler, MixtureSampler, PrioritySampler, SamplerConfig
 
 
 class PoolItem:

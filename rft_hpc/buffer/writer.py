@@ -24,7 +24,7 @@ from rft_hpc.buffer.segment import (
     segment_name,
 )
 from rft_hpc.buffer.segment_write import write_segment_file
-from rft_hpc.rundir import TEMP_PREFIX, commit_file, is_temporary
+from rft_hpc.core.rundir import TEMP_PREFIX, commit_file, is_temporary
 
 log = logging.getLogger(__name__)
 

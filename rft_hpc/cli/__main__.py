@@ -4,7 +4,7 @@ import sys
 
 if sys.argv[1:2] == ["role"] and sys.argv[2:3] in (["explorer"], ["trainer"]):
     # Before the heavy imports: a stop signal now must not kill the role (see roles.signals).
-    from rft_hpc.roles.signals import catch_early
+    from rft_hpc.runtime.signals import catch_early
 
     catch_early()
 

@@ -12,9 +12,9 @@ import typer
 from rich.markup import escape
 
 from rft_hpc import __version__
-from rft_hpc.cli.output import err_console
-from rft_hpc.errors import UserError
-from rft_hpc.roles.lifecycle import REQUEUE_EXIT, RequeueRequested
+from rft_hpc.core.console import err_console
+from rft_hpc.core.errors import UserError
+from rft_hpc.runtime.lifecycle import REQUEUE_EXIT, RequeueRequested
 
 app = typer.Typer(
     name="rft-hpc",

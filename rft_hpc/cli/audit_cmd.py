@@ -9,8 +9,8 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from rft_hpc.audit import FAIL, PASS, AuditReport, StageAudit, audit_run
-from rft_hpc.cli.output import console
+from rft_hpc.core.console import console
+from rft_hpc.ledger.audit import FAIL, PASS, AuditReport, StageAudit, audit_run
 
 LISTED = 20
 """Problems printed per check (--json lists them all)."""

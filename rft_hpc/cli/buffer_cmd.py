@@ -11,8 +11,8 @@ from rich.table import Table
 
 from rft_hpc.buffer.check import WriterSummary, summarize_buffer, verify_buffer
 from rft_hpc.buffer.jsonl import KINDS, export_jsonl, import_jsonl
-from rft_hpc.cli.output import console, err_console
-from rft_hpc.errors import UserError
+from rft_hpc.core.console import console, err_console
+from rft_hpc.core.errors import UserError
 
 app = typer.Typer(help="Inspect, import, export and verify an experience buffer.",
                   no_args_is_help=True)

@@ -9,7 +9,7 @@ from typing import Any
 import typer
 from rich.table import Table
 
-from rft_hpc.cli.output import console
+from rft_hpc.core.console import console
 
 
 def eval_(
@@ -30,7 +30,8 @@ def eval_(
     """Score the base model and every checkpoint on task sets: greedy accuracy, mean@k,
     pass@k (a Slurm array with one task per checkpoint x task set, or local processes)."""
     from rft_hpc.eval.bench import bench_config, plan_bench, task_count
-    from rft_hpc.eval.bench_launch import run_bench_local, submit_bench
+    from rft_hpc.eval.bench_local import run_bench_local
+    from rft_hpc.launch.bench import submit_bench
 
     plan = plan_bench(target, tasks, out or target, k=k, n=n,
                       config=bench_config(target, set_), overrides=set_)
@@ -91,6 +92,6 @@ def role_bench_stage(
     stage: Path = typer.Argument(..., help="Stage directory (mode bench)."),
 ) -> None:
     """Run a stage in mode bench: score every checkpoint of the stages before it."""
-    from rft_hpc.eval.bench import run_bench_stage
+    from rft_hpc.eval.bench_local import run_bench_stage
 
     console.print(bench_table(run_bench_stage(stage.resolve())))

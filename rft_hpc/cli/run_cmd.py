@@ -7,9 +7,9 @@ from pathlib import Path
 import typer
 from rich.table import Table
 
-from rft_hpc.cli.output import console
-from rft_hpc.errors import UserError
-from rft_hpc.roles.signals import ignore_warning_signal
+from rft_hpc.core.console import console
+from rft_hpc.core.errors import UserError
+from rft_hpc.runtime.signals import ignore_warning_signal
 
 
 def run(
@@ -111,9 +111,9 @@ def role_prepare(
     index: int = typer.Option(..., "--index", help="Stage to prepare."),
 ) -> None:
     """Finish the stages before stage INDEX and lay out stage INDEX (a job between stages)."""
+    from rft_hpc.core.rundir import RunDir
     from rft_hpc.launch.sbatch import stage_job_seconds
     from rft_hpc.run.stages import prepare_next_stage
-    from rft_hpc.rundir import RunDir
 
     stage = prepare_next_stage(RunDir(run.resolve()), index, stage_job_seconds)
     console.print(f"prepared {stage.root}")
@@ -133,10 +133,10 @@ def role_finalize(run: Path = typer.Argument(..., help="Run directory.")) -> Non
     """Finish the last stage, write summary.json and report.png (the last job of a run)."""
     import time
 
+    from rft_hpc.core.rundir import RunDir
     from rft_hpc.launch.sbatch import stage_job_seconds
     from rft_hpc.launch.submit import submitted_at
     from rft_hpc.run.summary import finalize_run
-    from rft_hpc.rundir import RunDir
 
     folder = RunDir(run.resolve())
     start = submitted_at(folder)

@@ -12,7 +12,7 @@ from rich.console import Group
 from rich.live import Live
 from rich.table import Table
 
-from rft_hpc.cli.output import console
+from rft_hpc.core.console import console
 
 _SET = typer.Option([], "--set", help="Override a key: --set trainer.lr=1e-5.")
 _NAME = typer.Option(None, "--name", help="Run name (sets run.name).")

@@ -1,9 +1,4 @@
-"""The experiment configuration: schema, loading with overrides, and errors users can act on.
-
-    config = load_config("configs/demo.yaml", ["trainer.lr=1e-5"])
-
-raises `ConfigError` (a `UserError`) listing every problem, each with file, key and line.
-"""
+"""The experiment configuration: schema, loading with overrides, errors that name file and key."""
 
 from rft_hpc.config.errors import ConfigError, Problem
 from rft_hpc.config.loader import load_config

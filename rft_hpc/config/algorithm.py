@@ -13,7 +13,7 @@ from typing import Any, Literal
 
 from pydantic import Field
 
-from rft_hpc.config_section import ConfigSection
+from rft_hpc.core.config_section import ConfigSection
 
 AlgorithmType = Literal["grpo", "ppo", "rloo", "reinforceplusplus", "opmd", "sft", "dpo", "mix"]
 KLFn = Literal["none", "k1", "k2", "k3", "low_var_kl", "abs"]

@@ -6,7 +6,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from rft_hpc.errors import UserError
+from rft_hpc.core.errors import UserError
 
 
 @dataclass(frozen=True)

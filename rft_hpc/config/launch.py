@@ -13,7 +13,7 @@ from typing import Literal
 
 from pydantic import Field, ValidationInfo, field_validator
 
-from rft_hpc.config_section import ConfigSection
+from rft_hpc.core.config_section import ConfigSection
 
 _SECRET_NAME = re.compile(r"KEY|TOKEN|SECRET|PASSWORD|PASSWD|PASSPHRASE|CREDENTIAL|AUTH",
                           re.IGNORECASE)

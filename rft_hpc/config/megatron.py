@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from pydantic import Field
 
-from rft_hpc.config_section import ConfigSection
+from rft_hpc.core.config_section import ConfigSection
 
 
 class MegatronSettings(ConfigSection):

@@ -12,8 +12,8 @@ from typing import Annotated, Literal
 
 from pydantic import Field, model_validator
 
-from rft_hpc.config_section import ConfigSection
-from rft_hpc.tasks.config import TasksConfig
+from rft_hpc.config.tasks import TasksConfig
+from rft_hpc.core.config_section import ConfigSection
 
 
 class SequentialSelector(ConfigSection):

@@ -13,10 +13,12 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field, field_validator, model_validator
 
-from rft_hpc.buffer.config import BufferConfig
 from rft_hpc.config.algorithm import AlgorithmConfig, AlgorithmType, sync_algorithm_type
+from rft_hpc.config.buffer import BufferConfig
+from rft_hpc.config.launch import LaunchConfig
 from rft_hpc.config.pipeline import PipelineConfig
 from rft_hpc.config.sync import SyncConfig
+from rft_hpc.config.tasks import ArithmeticTasks, TasksConfig
 from rft_hpc.config.trainer_backend import TrainerBackendFields
 from rft_hpc.config.vllm import VLLMConfig
 from rft_hpc.config.workflow import (
@@ -25,9 +27,7 @@ from rft_hpc.config.workflow import (
     SingleTurnWorkflow,
     WorkflowConfig,
 )
-from rft_hpc.config_section import ConfigSection
-from rft_hpc.launch.config import LaunchConfig
-from rft_hpc.tasks.config import ArithmeticTasks, TasksConfig
+from rft_hpc.core.config_section import ConfigSection
 
 Mode = Literal["both", "train", "explore", "bench"]
 

@@ -11,7 +11,7 @@ from typing import Literal
 from pydantic import Field
 
 from rft_hpc.config.megatron import MegatronSettings
-from rft_hpc.config_section import ConfigSection
+from rft_hpc.core.config_section import ConfigSection
 
 Backend = Literal["torch", "megatron"]
 Parallel = Literal["ddp", "fsdp"]

@@ -7,7 +7,7 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
-from rft_hpc.config_section import ConfigSection
+from rft_hpc.core.config_section import ConfigSection
 
 
 class VLLMConfig(ConfigSection):

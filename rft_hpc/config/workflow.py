@@ -10,7 +10,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field, field_validator
 
-from rft_hpc.config_section import ConfigSection
+from rft_hpc.core.config_section import ConfigSection
 
 
 class SingleTurnWorkflow(ConfigSection):
@@ -52,12 +52,15 @@ class MultiTurnWorkflow(ConfigSection):
     @field_validator("env")
     @classmethod
     def _known_env(cls, name: str) -> str:
-        from rft_hpc.envs.base import registered_envs
-
-        if ":" not in name and name not in registered_envs():
+        if ":" not in name and name not in BUILTIN_ENVS:
             raise ValueError(f"unknown environment {name!r}; registered: "
-                             f"{', '.join(registered_envs())}, or give package.module:Class")
+                             f"{', '.join(sorted(BUILTIN_ENVS))}, or give package.module:Class")
         return name
+
+
+BUILTIN_ENVS: dict[str, str] = {"guess": "rft_hpc.envs.guess:GuessEnv"}
+"""The environments `explorer.workflow.env` may name without an import path, and where each
+is (the config checks names against this table without importing the environments)."""
 
 
 WorkflowConfig = Annotated[SingleTurnWorkflow | MultiTurnWorkflow, Field(discriminator="type")]

@@ -11,7 +11,7 @@ import importlib
 from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
-from rft_hpc.errors import UserError
+from rft_hpc.core.errors import UserError
 
 F = TypeVar("F", bound=Callable[..., Any])
 

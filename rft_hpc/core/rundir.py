@@ -24,6 +24,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from rft_hpc.core.errors import UserError
+
 RUNDIR_LAYOUT_VERSION = 1
 
 TEMP_PREFIX = ".tmp-"
@@ -176,3 +178,11 @@ class RunDir:
         if not marker.exists():
             atomic_write_text(marker, f"{RUNDIR_LAYOUT_VERSION}\n")
         return self
+
+
+def open_run_dir(path: Path) -> RunDir:
+    """The run directory at `path`, or a `UserError` if there is none."""
+    run = RunDir(path.resolve())
+    if not run.config.exists():
+        raise UserError(f"{path} is not a run directory (no config.yaml)")
+    return run

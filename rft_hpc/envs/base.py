@@ -17,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from rft_hpc.plugins import resolve
+from rft_hpc.core.plugins import import_callable, resolve
 from rft_hpc.tasks.task import Task
 
 
@@ -55,7 +55,7 @@ def build_env(name: str, args: dict[str, Any]) -> Environment:
     An unknown name or a class refusing `args` raises `UserError` naming
     `explorer.workflow.env`.
     """
-    from rft_hpc.errors import UserError
+    from rft_hpc.core.errors import UserError
 
     _register_builtins()
     factory = resolve(name, ENVIRONMENTS, "explorer.workflow.env")
@@ -74,7 +74,7 @@ def check_env(name: str, args: dict[str, Any]) -> None:
     `args`, without building an environment (a constructor may be slow or hang)."""
     import inspect
 
-    from rft_hpc.errors import UserError
+    from rft_hpc.core.errors import UserError
 
     _register_builtins()
     factory = resolve(name, ENVIRONMENTS, "explorer.workflow.env")
@@ -94,7 +94,8 @@ def registered_envs() -> list[str]:
 
 
 def _register_builtins() -> None:
-    if not ENVIRONMENTS:
-        from rft_hpc.envs.guess import GuessEnv
+    from rft_hpc.config.workflow import BUILTIN_ENVS
 
-        ENVIRONMENTS["guess"] = GuessEnv
+    for name, path in BUILTIN_ENVS.items():
+        if name not in ENVIRONMENTS:
+            ENVIRONMENTS[name] = import_callable(path, "explorer.workflow.env")

@@ -22,11 +22,11 @@ from pathlib import Path
 from typing import Any
 
 from rft_hpc.config import ExperimentConfig, load_config
-from rft_hpc.errors import UserError
+from rft_hpc.config.tasks import ArithmeticTasks, JsonlTasks
+from rft_hpc.core.errors import UserError
+from rft_hpc.core.rundir import RunDir, atomic_write_json, read_json
 from rft_hpc.eval.bench_score import score_tasks
-from rft_hpc.rundir import RunDir, atomic_write_json, read_json
 from rft_hpc.tasks.arithmetic import arithmetic_tasks
-from rft_hpc.tasks.config import ArithmeticTasks, JsonlTasks
 from rft_hpc.tasks.source import build_tasks
 from rft_hpc.tasks.task import Task, load_task_file
 
@@ -215,7 +215,7 @@ def _pair(plan: dict[str, Any], index: int) -> tuple[dict[str, Any], dict[str, A
 def run_bench_task(folder: Path, index: int) -> dict[str, Any]:
     """Score pair `index` of the plan in `folder` (a bench folder); once: a rerun returns
     the result already written."""
-    from rft_hpc.roles.common import set_threads
+    from rft_hpc.runtime.common import set_threads
 
     plan = read_json(folder / PLAN_FILE)
     out = result_file(folder, plan, index)
@@ -252,21 +252,6 @@ def load_checkpoint(checkpoint: Checkpoint, dtype: str) -> Any:
     elif checkpoint.kind == "trainer":
         engine.load_weights(load_safetensors(path / "model.safetensors")[0], 0)
     return engine
-
-
-def run_bench_stage(stage: Path) -> dict[str, Any]:
-    """A stage in mode bench: score the base model and every checkpoint of the run's stages
-    before it on the stage's eval split, k = n = `explorer.repeat`, into `<stage>/bench`."""
-    from rft_hpc.eval.bench_launch import run_bench_local
-
-    config = load_config(stage / "config.yaml")
-    folder = stage / "bench"
-    if not (folder / PLAN_FILE).exists():  # a restarted stage keeps its plan and results
-        config = config.model_copy(update={"model": config.model.model_copy(
-            update={"start_weights": None})})
-        plan_bench(stage.parents[1], ["eval"], stage, k=config.explorer.repeat, n=None,
-                   config=config)
-    return run_bench_local(folder)
 
 
 def collect_bench(folder: Path) -> dict[str, Any]:

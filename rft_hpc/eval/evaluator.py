@@ -12,14 +12,13 @@ import time
 from pathlib import Path
 from typing import Any
 
+from rft_hpc.core.errors import UserError
+from rft_hpc.core.rundir import RunDir, atomic_write_json, read_json
 from rft_hpc.engines.hf import HFEngine
-from rft_hpc.errors import UserError
 from rft_hpc.eval.accuracy import exact_match_accuracy
 from rft_hpc.eval.results import EVAL_RESULT_VERSION, result_path
-from rft_hpc.explorer.role import load_start_weights
-from rft_hpc.roles.common import load_stage, set_threads, write_heartbeat
-from rft_hpc.rundir import RunDir, atomic_write_json, read_json
-from rft_hpc.sync.checkpoint import load_weights
+from rft_hpc.runtime.common import load_stage, set_threads, write_heartbeat
+from rft_hpc.sync.checkpoint import load_start_weights, load_weights
 from rft_hpc.tasks.source import build_tasks
 
 

@@ -13,12 +13,12 @@ from typing import Any
 import torch
 
 from rft_hpc.algorithms.policy_losses import PolicyLossInputs, dpo_loss
+from rft_hpc.batch.logprobs import token_logprobs
+from rft_hpc.batch.tokens import TokenBatch, collate, collate_dpo
 from rft_hpc.buffer.offline import task_records
 from rft_hpc.engines.hf import HFEngine
 from rft_hpc.tasks.rewards import exact_match
 from rft_hpc.tasks.task import Task
-from rft_hpc.trainer.batching import TokenBatch, collate, collate_dpo
-from rft_hpc.trainer.losses import token_logprobs
 
 
 @torch.no_grad()

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from rft_hpc.rundir import RunDir, read_json, weights_folder_name
+from rft_hpc.core.rundir import RunDir, read_json, weights_folder_name
 
 EVAL_RESULT_VERSION = 1
 """Version of the `eval/v<NNNNNN>.json` files (docs/run-directory.md)."""

@@ -24,9 +24,9 @@ import numpy as np
 
 from rft_hpc.buffer.records import Experience
 from rft_hpc.config.workflow import MultiTurnWorkflow, OverRolloutConfig
+from rft_hpc.core.rundir import read_json
 from rft_hpc.envs.base import check_env
 from rft_hpc.explorer.multiturn import SerialEngine, TaskOutcome, TurnSettings, run_task
-from rft_hpc.rundir import read_json
 from rft_hpc.tasks.task import Task
 
 

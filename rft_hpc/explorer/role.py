@@ -16,16 +16,15 @@ import numpy as np
 from rft_hpc.buffer.writer import SegmentWriter
 from rft_hpc.config import ExperimentConfig
 from rft_hpc.engines import build_engine
-from rft_hpc.engines.hf import HFEngine
 from rft_hpc.explorer.multiturn import SerialEngine, TurnSettings
 from rft_hpc.explorer.overrollout import MultiTurnExplorer
 from rft_hpc.explorer.workflow import SamplingSettings, explore_tasks
-from rft_hpc.ledger import LedgerWriter
+from rft_hpc.ledger.log import LedgerWriter
 from rft_hpc.monitor.metrics import MetricsWriter
 from rft_hpc.pipeline.explorer_side import ExplorerPipeline
-from rft_hpc.roles.common import StopFlag, load_stage, set_threads, write_heartbeat
-from rft_hpc.roles.lifecycle import JobClock
-from rft_hpc.sync.checkpoint import load_weights
+from rft_hpc.runtime.common import StopFlag, load_stage, set_threads, write_heartbeat
+from rft_hpc.runtime.lifecycle import JobClock
+from rft_hpc.sync.checkpoint import load_start_weights
 from rft_hpc.sync.follower import WeightFollower, build_receiver
 
 
@@ -45,13 +44,6 @@ def required_version(step: int, config: ExperimentConfig) -> int:
 def step_seed(seed: int, step: int, index: int) -> int:
     """The sampling seed of explorer `index` at `step` (the same after any restart)."""
     return int(np.random.SeedSequence([seed, step, index]).generate_state(1)[0])
-
-
-def load_start_weights(engine: HFEngine, config: ExperimentConfig) -> None:
-    """Load the stage's starting weights (multi-stage runs) over the model folder's own."""
-    if config.model.start_weights is not None:
-        folder = Path(config.model.start_weights)
-        engine.load_weights(load_weights(folder.parent, int(folder.name[1:])), 0)
 
 
 def run_explorer(stage_dir: Path, index: int) -> int:

@@ -16,10 +16,11 @@ from pathlib import Path
 from typing import Any
 
 from rft_hpc.config import ExperimentConfig, load_config
-from rft_hpc.errors import UserError
+from rft_hpc.core.errors import UserError
+from rft_hpc.core.rundir import RunDir, open_run_dir, read_json
 from rft_hpc.eval.results import result_path
 from rft_hpc.launch.sbatch import Job, with_array_tasks
-from rft_hpc.launch.status import job_states, open_run_dir
+from rft_hpc.launch.status import job_states
 from rft_hpc.launch.submit import (
     SubmitResult,
     check_resources,
@@ -30,9 +31,8 @@ from rft_hpc.launch.submit import (
     submissions,
     submit_jobs,
 )
-from rft_hpc.roles.common import role_status
 from rft_hpc.run.stages import stage_dir
-from rft_hpc.rundir import RunDir, read_json
+from rft_hpc.runtime.common import role_status
 
 ALIVE = frozenset({"PENDING", "RUNNING", "REQUEUED", "SUSPENDED", "COMPLETING", "CONFIGURING",
                    "RESIZING", "REQUEUE_HOLD", "REQUEUE_FED", "SIGNALING", "STAGE_OUT"})

@@ -16,10 +16,10 @@ from dataclasses import dataclass, replace
 from importlib.resources import files
 from pathlib import Path
 
-from rft_hpc.launch.config import LaunchConfig, SlurmRoleConfig
-from rft_hpc.roles.lifecycle import REQUEUE_EXIT
-from rft_hpc.run.local import role_command, role_env
-from rft_hpc.rundir import RunDir, read_json
+from rft_hpc.config.launch import LaunchConfig, SlurmRoleConfig
+from rft_hpc.core.rundir import RunDir, read_json
+from rft_hpc.runtime.command import role_command, role_env
+from rft_hpc.runtime.lifecycle import REQUEUE_EXIT
 
 ARRAY_INDEX = "$SLURM_ARRAY_TASK_ID"
 """Shell text of the array task's index: an explorer's `--index` in its array job."""
@@ -232,6 +232,23 @@ def role_job(ctx: JobContext, role: str, stage_run: RunDir, stage: str, *, threa
         srun_options=srun_options)
     return Job(name, role, key, script, after, None, stage,
                (stage_run.jobs / "trainer.log",))
+
+
+def bench_stage_job(ctx: JobContext, stage_run: RunDir, stage: str, *, threads: int,
+                    after: tuple[str, ...]) -> Job:
+    """The job of a stage in mode bench (`launch.slurm.evaluator` settings): one job, as the
+    checkpoints to score exist only once the stages before have run; its bench tasks run
+    as processes inside it."""
+    settings = ctx.launch.slurm.evaluator
+    log = stage_run.jobs / "bench.log"
+    script = render_script(
+        ctx, settings, key="launch.slurm.evaluator",
+        title=f"bench of stage {stage}: every checkpoint of the stages before",
+        job_name=f"{stage}.bench", log=log,
+        command=role_command("bench-stage", stage_run.root, python=ctx.python(settings)),
+        threads=threads, state=stage_run.state, record="slurm-bench")
+    return Job(f"{stage}.bench", "bench", "launch.slurm.evaluator", script, after, None, stage,
+               (log,))
 
 
 _ARRAY_TITLES = {

@@ -14,21 +14,13 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from rft_hpc.errors import UserError
+from rft_hpc.core.errors import UserError
+from rft_hpc.core.rundir import RunDir, open_run_dir, read_json
 from rft_hpc.launch.submit import JOBS_FILE, latest_job_ids, queued_jobs, submissions
-from rft_hpc.rundir import RunDir, read_json
 
 FAILED = frozenset({"BOOT_FAIL", "CANCELLED", "DEADLINE", "FAILED", "NODE_FAIL",
                     "OUT_OF_MEMORY", "PREEMPTED", "TIMEOUT"})
 _NOT_HEARTBEATS = frozenset({"result", "launcher", "jobs"})
-
-
-def open_run_dir(path: Path) -> RunDir:
-    """The run directory at `path`, or a `UserError` if there is none."""
-    run = RunDir(path.resolve())
-    if not run.config.exists():
-        raise UserError(f"{path} is not a run directory (no config.yaml)")
-    return run
 
 
 def _slurm(args: list[str]) -> str:

@@ -21,11 +21,12 @@ from pathlib import Path
 from typing import Any
 
 from rft_hpc.config import ExperimentConfig, load_config
-from rft_hpc.errors import UserError
-from rft_hpc.eval.bench_launch import bench_stage_job
+from rft_hpc.core.errors import UserError
+from rft_hpc.core.rundir import RunDir, atomic_write_json, atomic_write_text, read_json
 from rft_hpc.launch.sbatch import (
     Job,
     JobContext,
+    bench_stage_job,
     dependency_option,
     helper_job,
     role_job,
@@ -43,7 +44,6 @@ from rft_hpc.run.stages import (
     stage_result,
     start_weights,
 )
-from rft_hpc.rundir import RunDir, atomic_write_json, atomic_write_text, read_json
 
 JOBS_FILE = "jobs.json"
 """`<run>/state/jobs.json`: every submission of the run, with its jobs' Slurm ids."""

@@ -16,12 +16,11 @@ from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
-from rft_hpc.audit_buffer import BufferScan, Ref, scan_buffer
 from rft_hpc.config import ExperimentConfig, load_config
-from rft_hpc.errors import UserError
-from rft_hpc.launch.status import open_run_dir
-from rft_hpc.ledger_replay import History, LedgerError, replay, sequence_problems
-from rft_hpc.rundir import read_json
+from rft_hpc.core.errors import UserError
+from rft_hpc.core.rundir import open_run_dir, read_json
+from rft_hpc.ledger.buffer_scan import BufferScan, Ref, scan_buffer
+from rft_hpc.ledger.replay import History, LedgerError, replay, sequence_problems
 
 PASS, FAIL, INFO = "PASS", "FAIL", "-"
 SHOWN = 5

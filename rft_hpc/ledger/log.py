@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-LEDGER_VERSION = 1
+from rft_hpc.ledger.replay import LEDGER_VERSION, replay
 
 
 class LedgerWriter:
@@ -46,8 +46,6 @@ class LedgerWriter:
         """Record that a process of this role started, resuming at `resume_step` (see
         docs/ledger.md), and count the restarts and redone steps so far: every step event
         numbered `first_redone` or later that is still in effect is void from now on."""
-        from rft_hpc.ledger_replay import replay  # it reads what this module writes
-
         restarts = int(os.environ.get("SLURM_RESTART_COUNT", "0") or 0)
         self.append("start", resume_step=resume_step, pid=os.getpid(),
                     slurm_restarts=restarts, job=os.environ.get("SLURM_JOB_ID"),

@@ -3,7 +3,7 @@
 A ledger (docs/ledger.md) is the append-only story of every process of one role. Replaying
 it voids the steps a restart redid: a `start` voids the steps from its `first_redone` on
 written before it (a trainer's `resume_step` + 1, an explorer's `resume_step`). What
-remains is the effective history, which `rft_hpc.audit` checks against the buffer.
+remains is the effective history, which `rft_hpc.ledger.audit` checks against the buffer.
 """
 
 from __future__ import annotations
@@ -13,8 +13,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from rft_hpc.errors import UserError
-from rft_hpc.ledger import LEDGER_VERSION
+from rft_hpc.core.errors import UserError
+
+LEDGER_VERSION = 1
+"""The ledger format this rft-hpc writes and the newest it reads (docs/ledger.md)."""
 
 
 class LedgerError(UserError):

@@ -12,10 +12,10 @@ import numpy as np
 
 from rft_hpc.buffer.records import Experience
 from rft_hpc.config import ExperimentConfig
+from rft_hpc.core.rundir import RunDir
 from rft_hpc.pipeline.shaping import shape_rewards
 from rft_hpc.pipeline.stream import build_task_stream
 from rft_hpc.pipeline.task_stats import TaskStats
-from rft_hpc.rundir import RunDir
 from rft_hpc.tasks.task import Task
 
 

@@ -21,7 +21,7 @@ from rft_hpc.config.pipeline import (
     SequentialSelector,
     ShuffleSelector,
 )
-from rft_hpc.errors import UserError
+from rft_hpc.core.errors import UserError
 from rft_hpc.tasks.task import Task
 
 PassRates = Mapping[str, tuple[float, int]]

@@ -18,7 +18,7 @@ import numpy as np
 
 from rft_hpc.config import ExperimentConfig
 from rft_hpc.config.pipeline import SelectorConfig
-from rft_hpc.errors import UserError
+from rft_hpc.core.errors import UserError
 from rft_hpc.pipeline.selectors import PassRates, Selector, build_selector
 from rft_hpc.tasks.source import build_tasks
 from rft_hpc.tasks.task import Task

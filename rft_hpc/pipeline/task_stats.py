@@ -14,7 +14,7 @@ import os
 from collections.abc import Mapping
 from pathlib import Path
 
-from rft_hpc.rundir import atomic_write_text
+from rft_hpc.core.rundir import atomic_write_text
 
 
 class TaskStats:

@@ -12,10 +12,10 @@ from typing import Any
 from rich.live import Live
 from rich.table import Table
 
-from rft_hpc.cli.output import console
 from rft_hpc.config import ExperimentConfig
+from rft_hpc.core.console import console
+from rft_hpc.core.rundir import RunDir, read_json
 from rft_hpc.monitor.metrics import MetricsTail
-from rft_hpc.rundir import RunDir, read_json
 
 PLAIN_INTERVAL_SECONDS = 5.0
 

@@ -19,9 +19,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from rft_hpc.config import ExperimentConfig
-from rft_hpc.errors import UserError
+from rft_hpc.core.errors import UserError
+from rft_hpc.core.rundir import RunDir, atomic_write_json, read_json
 from rft_hpc.eval.results import result_path
-from rft_hpc.roles.lifecycle import REQUEUE_EXIT
 from rft_hpc.run.display import Display
 from rft_hpc.run.stages import (
     finish_stage,
@@ -31,7 +31,8 @@ from rft_hpc.run.stages import (
     stage_result,
 )
 from rft_hpc.run.summary import write_report, write_summary
-from rft_hpc.rundir import RunDir, atomic_write_json, read_json
+from rft_hpc.runtime.command import role_command, role_env
+from rft_hpc.runtime.lifecycle import REQUEUE_EXIT
 
 STOP_GRACE_SECONDS = 60.0
 
@@ -58,22 +59,6 @@ class RunResult:
 
     root: Path
     summary: dict = field(default_factory=dict)
-
-
-def role_command(role: str, folder: Path, index: int | str | None = None, *,
-                 python: str = sys.executable) -> list[str]:
-    """The command line that runs one role on a stage directory (local or in a Slurm job).
-
-    In a Slurm array, `index` is the shell text that expands to the array task's index.
-    """
-    cmd = [python, "-m", "rft_hpc.cli", "role", role, str(folder)]
-    return cmd + (["--index", str(index)] if index is not None else [])
-
-
-def role_env(threads: int) -> dict[str, str]:
-    """Environment variables every role process gets (locally and in Slurm jobs)."""
-    return {"OMP_NUM_THREADS": str(threads), "TOKENIZERS_PARALLELISM": "false",
-            "PYTHONUNBUFFERED": "1"}
 
 
 def _start(name: str, cmd: list[str], run: RunDir, threads: int) -> RoleProcess:

@@ -19,11 +19,11 @@ import yaml
 from rft_hpc.buffer.jsonl import read_jsonl_records, write_new_writer
 from rft_hpc.buffer.offline import task_records
 from rft_hpc.config import ExperimentConfig, load_config
-from rft_hpc.errors import UserError
-from rft_hpc.launch.config import LaunchConfig
+from rft_hpc.config.launch import LaunchConfig
+from rft_hpc.core.errors import UserError
+from rft_hpc.core.rundir import RunDir, atomic_write_json, atomic_write_text, read_json
 from rft_hpc.monitor.metrics import read_metrics
-from rft_hpc.roles.common import freeze_config
-from rft_hpc.rundir import RunDir, atomic_write_json, atomic_write_text, read_json
+from rft_hpc.runtime.common import freeze_config
 from rft_hpc.tasks.source import build_tasks
 
 StageSeconds = Callable[[RunDir], float]

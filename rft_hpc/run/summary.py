@@ -6,10 +6,10 @@ from pathlib import Path
 from typing import Any
 
 from rft_hpc.config import load_config
+from rft_hpc.core.rundir import RunDir, atomic_write_json
 from rft_hpc.eval.results import evaluation_results
 from rft_hpc.monitor.metrics import read_metrics
 from rft_hpc.run.stages import StageSeconds, finished_stages, stage_dir
-from rft_hpc.rundir import RunDir, atomic_write_json
 
 SUMMARY_VERSION = 1
 _EVAL_KEYS = ("version", "taskset", "metric", "accuracy", "tasks")

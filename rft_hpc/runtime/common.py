@@ -11,9 +11,9 @@ from typing import Any
 import yaml
 
 from rft_hpc.config import ExperimentConfig, load_config
-from rft_hpc.roles.lifecycle import RequeueRequested
-from rft_hpc.roles.signals import STOP_SIGNALS, take_early
-from rft_hpc.rundir import RunDir, atomic_write_json, atomic_write_text, read_json
+from rft_hpc.core.rundir import RunDir, atomic_write_json, atomic_write_text, read_json
+from rft_hpc.runtime.lifecycle import RequeueRequested
+from rft_hpc.runtime.signals import STOP_SIGNALS, take_early
 
 
 def freeze_config(config: ExperimentConfig, path: Path) -> None:

@@ -1,8 +1,4 @@
-"""Weight sync from the trainer to the explorers (docs/weights-format.md).
-
-`checkpoint` is the portable method, and the fallback of the faster ones: versioned weight
-folders on the shared filesystem with a `LATEST` pointer.
-"""
+"""Weight sync from trainer to explorers: files, gloo/NCCL, MPI (docs/weights-format.md)."""
 
 from rft_hpc.sync.checkpoint import (
     WeightsError,

@@ -23,7 +23,8 @@ from typing import Any
 
 import torch
 
-from rft_hpc.rundir import atomic_write_json, atomic_write_text, read_json, weights_folder_name
+from rft_hpc.config import ExperimentConfig
+from rft_hpc.core.rundir import atomic_write_json, atomic_write_text, read_json, weights_folder_name
 from rft_hpc.sync.storage import (
     CHECKSUM_ALGORITHM,
     FileDigest,
@@ -216,3 +217,12 @@ def _failure(folder: Path, manifest: dict[str, Any], message: str) -> WeightsErr
     if unchanged:
         return WeightsError(message)
     return WeightsGone(f"{folder} was deleted or replaced while being loaded ({message})")
+
+
+def load_start_weights(engine: Any, config: ExperimentConfig) -> None:
+    """Load the stage's starting weights (multi-stage runs: `model.start_weights`, a
+    `weights/v<N>` folder) into `engine` (anything with `load_weights(state, version)`) over
+    the model folder's own; nothing happens when the stage starts from the model folder."""
+    if config.model.start_weights is not None:
+        folder = Path(config.model.start_weights)
+        engine.load_weights(load_weights(folder.parent, int(folder.name[1:])), 0)

@@ -39,7 +39,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from rft_hpc.rundir import atomic_write_text
+from rft_hpc.core.rundir import atomic_write_text
 from rft_hpc.sync.fabric import (
     DEFAULT_BUCKET_MB,
     BufferPool,

@@ -12,9 +12,9 @@ import time
 from typing import Any
 
 from rft_hpc.config import ExperimentConfig
-from rft_hpc.roles.common import StopFlag, role_status
-from rft_hpc.roles.lifecycle import JobClock
-from rft_hpc.rundir import RunDir
+from rft_hpc.core.rundir import RunDir
+from rft_hpc.runtime.common import StopFlag, role_status
+from rft_hpc.runtime.lifecycle import JobClock
 from rft_hpc.sync.checkpoint import WeightsGone, latest_weights_version, load_weights
 from rft_hpc.sync.publisher import fabric_backend, sync_folder
 from rft_hpc.sync.storage import ReadBuffer

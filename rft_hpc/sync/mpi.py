@@ -39,7 +39,7 @@ import numpy as np
 import torch
 from mpi4py import MPI
 
-from rft_hpc.rundir import atomic_write_text
+from rft_hpc.core.rundir import atomic_write_text
 from rft_hpc.sync.fabric import (
     DEFAULT_BUCKET_MB,
     BufferPool,

@@ -20,8 +20,8 @@ from typing import Any
 import torch
 
 from rft_hpc.config import ExperimentConfig
-from rft_hpc.roles.common import role_status
-from rft_hpc.rundir import RunDir
+from rft_hpc.core.rundir import RunDir
+from rft_hpc.runtime.common import role_status
 from rft_hpc.sync.checkpoint import latest_weights_version, publish_weights
 from rft_hpc.sync.fabric import SyncFailed
 

@@ -37,7 +37,7 @@ from pathlib import Path
 
 import torch
 
-from rft_hpc.rundir import TEMP_PREFIX, fsync_dir
+from rft_hpc.core.rundir import TEMP_PREFIX, fsync_dir
 from rft_hpc.sync.crc import RunningCrc
 
 CHECKSUM_ALGORITHM = "crc32"

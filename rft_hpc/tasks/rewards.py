@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 
-from rft_hpc.plugins import register, resolve
+from rft_hpc.core.plugins import register, resolve
 from rft_hpc.tasks.task import Task
 
 RewardFn = Callable[[Task, str], float]

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+from rft_hpc.config.tasks import ArithmeticTasks, JsonlTasks
 from rft_hpc.tasks.arithmetic import arithmetic_tasks
-from rft_hpc.tasks.config import ArithmeticTasks, JsonlTasks
 from rft_hpc.tasks.task import Task, load_task_file
 
 

@@ -7,7 +7,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from rft_hpc.errors import UserError
+from rft_hpc.core.errors import UserError
 
 
 @dataclass(frozen=True)

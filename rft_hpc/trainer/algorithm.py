@@ -13,7 +13,7 @@ from typing import Any
 
 from rft_hpc.algorithms.registry import resolve_advantage, resolve_policy_loss
 from rft_hpc.config import ExperimentConfig
-from rft_hpc.errors import UserError
+from rft_hpc.core.errors import UserError
 
 PRESETS: dict[str, tuple[str | None, str]] = {
     # algorithm_type: (advantage_fn, policy_loss_fn), as Trinity-RFT's presets

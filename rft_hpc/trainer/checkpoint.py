@@ -32,8 +32,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from rft_hpc.errors import UserError
-from rft_hpc.rundir import (
+from rft_hpc.core.errors import UserError
+from rft_hpc.core.rundir import (
     atomic_write_json,
     atomic_write_text,
     fsync_file,

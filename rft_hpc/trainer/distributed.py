@@ -40,10 +40,10 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from rft_hpc.algorithms.advantages import grpo_advantages
 from rft_hpc.algorithms.aggregation import LossNorm
 from rft_hpc.buffer.reader import Batch
 from rft_hpc.buffer.records import Record
-from rft_hpc.trainer.losses import grpo_advantages
 
 ENV_INIT_FILE = "RFT_DIST_INIT_FILE"
 ENV_BACKEND = "RFT_DIST_BACKEND"

@@ -34,7 +34,7 @@ import torch
 import torch.distributed as dist
 
 from rft_hpc.config import ExperimentConfig
-from rft_hpc.errors import UserError
+from rft_hpc.core.errors import UserError
 from rft_hpc.megatron.shards import tp_cut
 from rft_hpc.trainer.algorithm import AlgorithmPlan
 from rft_hpc.trainer.distributed import DistContext, all_reduce_gradients

@@ -18,13 +18,13 @@ from rft_hpc.algorithms.aggregation import LossNorm, masked_mean
 from rft_hpc.algorithms.kl import kl_reward_penalty
 from rft_hpc.algorithms.registry import compute_advantages
 from rft_hpc.algorithms.value import ValueHeadModel
+from rft_hpc.batch.logprobs import token_logprobs
+from rft_hpc.batch.tokens import TokenBatch, collate, collate_dpo
 from rft_hpc.buffer.reader import Batch
 from rft_hpc.buffer.records import DPOPair, Experience, Record, SFTSample
-from rft_hpc.errors import UserError
+from rft_hpc.core.errors import UserError
 from rft_hpc.trainer.algorithm import AlgorithmPlan
-from rft_hpc.trainer.batching import TokenBatch, collate, collate_dpo
 from rft_hpc.trainer.distributed import Shard, shard_batch
-from rft_hpc.trainer.losses import token_logprobs
 
 
 def collate_for(plan: AlgorithmPlan, records: Sequence[Record], pad_id: int) -> TokenBatch:

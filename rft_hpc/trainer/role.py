@@ -26,19 +26,19 @@ from typing import Any
 
 from rft_hpc.buffer.reader import Batch, BufferReader
 from rft_hpc.config import ExperimentConfig
-from rft_hpc.ledger import LedgerWriter, compact_refs
+from rft_hpc.core.rundir import RunDir
+from rft_hpc.ledger.log import LedgerWriter, compact_refs
 from rft_hpc.monitor.metrics import MetricsWriter
 from rft_hpc.pipeline.filters import filter_batch
 from rft_hpc.pipeline.taskset_eval import taskset_accuracy, taskset_eval_tasks
-from rft_hpc.roles.common import (
+from rft_hpc.runtime.common import (
     StopFlag,
     load_stage,
     role_status,
     set_threads,
     write_heartbeat,
 )
-from rft_hpc.roles.lifecycle import JobClock
-from rft_hpc.rundir import RunDir
+from rft_hpc.runtime.lifecycle import JobClock
 from rft_hpc.sync.publisher import WeightPublisher
 from rft_hpc.tasks.source import build_tasks
 from rft_hpc.trainer.checkpoint import TrainerState, load_trainer_state, save_trainer_state

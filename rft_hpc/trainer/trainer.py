@@ -29,11 +29,12 @@ from rft_hpc.algorithms import (
     token_entropy,
     value_loss,
 )
+from rft_hpc.batch.logprobs import target_logprobs
 from rft_hpc.buffer.reader import Batch
 from rft_hpc.config import ExperimentConfig
 from rft_hpc.engines.hf import HFEngine, load_policy
 from rft_hpc.eval.accuracy import exact_match_accuracy
-from rft_hpc.explorer.role import load_start_weights
+from rft_hpc.sync.checkpoint import load_start_weights
 from rft_hpc.trainer import megatron_backend
 from rft_hpc.trainer.algorithm import AlgorithmPlan
 from rft_hpc.trainer.distributed import (
@@ -51,7 +52,6 @@ from rft_hpc.trainer.fsdp import (
     idle_pass,
     shard_model,
 )
-from rft_hpc.trainer.losses import target_logprobs
 from rft_hpc.trainer.micro import drop_oversized, pack, sub_shard
 from rft_hpc.trainer.prepare import BatchPreparer, collate_for, expert_rows, old_logprobs
 from rft_hpc.trainer.step_metrics import LocalMetrics, merge_metrics

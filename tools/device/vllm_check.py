@@ -45,10 +45,10 @@ def hf_sequence_logprobs(model, sequences, device):
 
 def sampled_vs_trainer(engine, model, device, temperature, seed):
     """Max |rollout log-prob - trainer's token_logprobs| over sampled tokens; tokens/s."""
+    from rft_hpc.batch.logprobs import token_logprobs
+    from rft_hpc.batch.tokens import collate
     from rft_hpc.explorer.workflow import SamplingSettings, explore_tasks
     from rft_hpc.tasks.task import Task
-    from rft_hpc.trainer.batching import collate
-    from rft_hpc.trainer.losses import token_logprobs
 
     tasks = [Task(f"t{i}", p, "0") for i, p in enumerate(TASK_PROMPTS)]
     t0 = time.perf_counter()

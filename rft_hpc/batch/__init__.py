@@ -1,0 +1,1 @@
+"""Experiences as padded token tensors, and their per-token log-probs under a model."""

@@ -1,0 +1,1 @@
+"""Shared basics of every layer: user errors, plugins, the config base, run directory, consoles."""

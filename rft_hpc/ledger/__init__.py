@@ -1,0 +1,1 @@
+"""The roles' ledgers of what they did, their replay, and the audit of a run (docs/ledger.md)."""

@@ -1,0 +1,23 @@
+"""How a role process is started: its command line and environment, the same locally and
+in Slurm jobs (`python -m rft_hpc.cli role ROLE STAGE_DIR [--index I]`)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+
+def role_command(role: str, folder: Path, index: int | str | None = None, *,
+                 python: str = sys.executable) -> list[str]:
+    """The command line that runs one role on a stage directory (local or in a Slurm job).
+
+    In a Slurm array, `index` is the shell text that expands to the array task's index.
+    """
+    cmd = [python, "-m", "rft_hpc.cli", "role", role, str(folder)]
+    return cmd + (["--index", str(index)] if index is not None else [])
+
+
+def role_env(threads: int) -> dict[str, str]:
+    """Environment variables every role process gets (locally and in Slurm jobs)."""
+    return {"OMP_NUM_THREADS": str(threads), "TOKENIZERS_PARALLELISM": "false",
+            "PYTHONUNBUFFERED": "1"}
