@@ -5,8 +5,8 @@ array after the trainer, which only the final job waits for); between stages a s
 `prepare` job (it finishes the stage before and lays out the next one, which starts from its
 weights); at the end a `finalize` job (summary.json, report.png). Every job is checked with `sbatch
 --test-only` before anything is submitted, so a run is never half-submitted because the
-cluster cannot hold one of its jobs. Submission goes through submitit's Slurm executor, fed
-with our own scripts (the ones `render` writes and `--dry-run` prints).
+cluster cannot hold one of its jobs. Each job is our own script (the one `render` writes and
+`--dry-run` prints), given to sbatch through submitit's public `helpers.CommandFunction`.
 """
 
 from __future__ import annotations
@@ -279,13 +279,12 @@ def submit_jobs(run: RunDir, jobs: list[Job], *, kept: list[dict[str, Any]] | No
     ids: dict[str, list[str]] = {}
     for old in kept or []:
         ids.setdefault(old["name"], []).append(old["id"])
-    executor = _executor(run.jobs / "submitit")
     new: list[str] = []
     for job in jobs:
         atomic_write_text(run.jobs / job.file_name, job.script)
         option = dependency_option(job, [i for a in job.after for i in ids.get(a, [])])
         try:
-            job_id = executor.submit_script(run.jobs / job.file_name, option)
+            job_id = sbatch_script(run.jobs / job.file_name, option)
         except UserError:
             if new:
                 subprocess.run(["scancel", *new], capture_output=True, check=False)
@@ -300,36 +299,24 @@ def submit_jobs(run: RunDir, jobs: list[Job], *, kept: list[dict[str, Any]] | No
     return ids
 
 
-def _executor(folder: Path) -> Any:
-    import submitit
+def sbatch_script(path: Path, dependency: str | None) -> str:
+    """Submit the script at `path` with `sbatch --parsable` (after `dependency`, whose jobs'
+    failure cancels it) through submitit's public `helpers.CommandFunction`; returns the job
+    id, or raises `UserError` with sbatch's message.
+
+    Not `SlurmExecutor.submit`: it would write its own batch file around a pickled function,
+    hiding the role command, srun line and requeue trap of the script that `rft-hpc render`
+    writes and the golden tests pin (docs/slurm-submission.md).
+    """
     from submitit.core.utils import FailedJobError
+    from submitit.helpers import CommandFunction
 
-    class ScriptExecutor(submitit.SlurmExecutor):
-        """submitit's Slurm executor, submitting a script we wrote rather than its own
-        (which would run a pickled function: the role command would be hidden in it)."""
-
-        def __init__(self, folder: Path) -> None:
-            super().__init__(folder)
-            self.script = ""
-            self.sbatch_args: list[str] = []
-
-        def _make_submission_file_text(self, command: str, uid: str) -> str:
-            return self.script
-
-        def _make_submission_command(self, submission_file_path: Path) -> list[str]:
-            return ["sbatch", *self.sbatch_args, str(submission_file_path)]
-
-        def submit_script(self, path: Path, dependency: str | None) -> str:
-            self.script = path.read_text(encoding="utf-8")
-            self.sbatch_args = (["--kill-on-invalid-dep=yes", f"--dependency={dependency}"]
-                                if dependency else [])
-            try:
-                return self._submit_command("").job_id
-            except FailedJobError as exc:
-                raise UserError(f"sbatch refused {path.name}: {exc}") from None
-
-    folder.mkdir(parents=True, exist_ok=True)
-    return ScriptExecutor(folder)
+    args = ["--kill-on-invalid-dep=yes", f"--dependency={dependency}"] if dependency else []
+    try:
+        out = CommandFunction(["sbatch", "--parsable", *args, str(path)], verbose=False)()
+    except FailedJobError as exc:
+        raise UserError(f"sbatch refused {path.name}: {exc}") from None
+    return out.strip().splitlines()[-1].split(";")[0]
 
 
 def submitted_at(run: RunDir) -> float | None:
