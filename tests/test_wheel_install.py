@@ -14,6 +14,7 @@ import shutil
 import subprocess
 import sys
 import sysconfig
+import time
 from pathlib import Path
 
 import pytest
@@ -35,9 +36,11 @@ def _sh(argv: list[str | Path], *, cwd: Path, env: dict[str, str] | None = None,
         timeout: float = 300) -> subprocess.CompletedProcess[str]:
     """Run `argv`, print the command and its output (kept in the test's report), and
     return the finished process."""
+    start = time.monotonic()
     result = subprocess.run([str(a) for a in argv], cwd=cwd, env=env, capture_output=True,
                             text=True, timeout=timeout)
-    print(f"$ {' '.join(map(str, argv))}   (in {cwd}, exit {result.returncode})")
+    print(f"$ {' '.join(map(str, argv))}   (in {cwd}: exit {result.returncode}, "
+          f"{time.monotonic() - start:.1f} s)")
     for stream in (result.stdout, result.stderr):
         if stream.strip():
             print(stream.rstrip()[-4000:])
