@@ -23,7 +23,7 @@ from slurm_cluster import slurm, wait_for_states
 from test_experiment_run import DEMO, EVALUATOR, scores_match_trainer, short
 
 from rft_hpc.core.config_section import ConfigSection
-from rft_hpc.launch import config as launch_config
+from rft_hpc.config import launch as launch_config
 
 ROOT = Path(__file__).resolve().parents[1]
 GOLDEN = Path(__file__).resolve().parent / "golden"
