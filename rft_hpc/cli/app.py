@@ -38,8 +38,15 @@ def _root(
         False, "--version", help="Print the version and exit.", callback=_version_callback,
         is_eager=True,
     ),
+    log_level: str | None = typer.Option(
+        None, "--log-level", help="What the roles' logs hold: DEBUG, INFO (the default), "
+        "WARNING or ERROR; passed on to every role process, local or in Slurm jobs."),
 ) -> None:
     """Reinforcement fine-tuning of language models as Slurm batch jobs."""
+    if log_level is not None:
+        from rft_hpc.runtime.logs import set_log_level
+
+        set_log_level(log_level)
 
 
 def _register_commands() -> None:
@@ -50,13 +57,15 @@ def _register_commands() -> None:
         eval_cmd,
         run_cmd,
         slurm_cmd,
+        status_cmd,
         validate_cmd,
     )
 
     app.command("run")(run_cmd.run)
-    for command in (slurm_cmd.submit, slurm_cmd.render, slurm_cmd.status, slurm_cmd.cancel,
-                    slurm_cmd.logs, slurm_cmd.resume):
+    for command in (slurm_cmd.submit, slurm_cmd.render, slurm_cmd.cancel, slurm_cmd.logs,
+                    slurm_cmd.resume):
         app.command(command.__name__)(command)
+    app.command("status")(status_cmd.status)
     app.command("validate")(validate_cmd.validate)
     app.command("audit")(audit_cmd.audit)
     app.command("eval")(eval_cmd.eval_)

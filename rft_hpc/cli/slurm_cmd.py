@@ -1,15 +1,12 @@
-"""`rft-hpc submit | render | status | cancel | logs`: an experiment as Slurm jobs."""
+"""`rft-hpc submit | render | resume | cancel | logs`: an experiment as Slurm jobs (`status`:
+status_cmd)."""
 
 from __future__ import annotations
 
-import json
-import time
 from pathlib import Path
 from typing import Any
 
 import typer
-from rich.console import Group
-from rich.live import Live
 from rich.table import Table
 
 from rft_hpc.core.console import console
@@ -93,56 +90,6 @@ def render(
     for job in result.jobs:
         console.print(str(out / job.file_name))
     console.print(f"submit them with: bash {out / 'submit.sh'}   (run directory: {result.root})")
-
-
-def status(
-    run: Path = typer.Argument(..., help="Run directory."),
-    as_json: bool = typer.Option(False, "--json", help="Print the status as JSON."),
-    watch: bool = typer.Option(False, "--watch", help="Refresh every few seconds until the "
-                               "run ends (Ctrl-C stops watching, not the run)."),
-) -> None:
-    """Slurm state of each job of a submitted run and the heartbeat of each role."""
-    from rft_hpc.launch.status import run_status
-
-    info = run_status(run)
-    if as_json:
-        typer.echo(json.dumps(info, indent=2))
-        return
-    if not watch:
-        console.print(status_view(info))
-        return
-    with Live(status_view(info), console=console, refresh_per_second=1) as live:
-        while info["state"] in ("running", "resuming"):
-            time.sleep(WATCH_SECONDS)
-            info = run_status(run)
-            live.update(status_view(info))
-
-
-WATCH_SECONDS = 2.0
-
-
-def status_view(info: dict) -> Group:
-    """The job table and the role table of `rft-hpc status`."""
-    resubmitted = f", resubmitted {info['submissions'] - 1}x" if info["submissions"] > 1 else ""
-    jobs = Table(title=f"run {Path(info['run']).name}: {info['state']}{resubmitted}")
-    for col in ("job", "slurm id", "state", "tasks"):
-        jobs.add_column(col)
-    for job in info["jobs"]:
-        tasks = ", ".join(f"{k}: {v}" for k, v in job["tasks"].items()) if len(
-            job["tasks"]) > 1 else ""
-        jobs.add_row(job["name"], job["id"], job["state"], tasks)
-    roles = Table(title="roles (heartbeats)")
-    columns = ("stage", "role", "status", "step", "version", "age", "backlog", "restarts",
-               "redone")
-    for col in columns:
-        roles.add_column("age (s)" if col == "age" else col,
-                         justify="left" if col in ("stage", "role", "status") else "right")
-    for r in info["roles"]:
-        roles.add_row(*(("-" if r.get(k) is None else str(r[k])) for k in columns))
-    parts: list[Table | str] = [jobs, roles]
-    if info["summary"]:
-        parts.append(f"summary: {info['summary']}")
-    return Group(*parts)
 
 
 def cancel(run: Path = typer.Argument(..., help="Run directory.")) -> None:

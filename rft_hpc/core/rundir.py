@@ -159,6 +159,11 @@ class RunDir:
         return self.root / "state"
 
     @property
+    def processes(self) -> Path:
+        """`state/processes.json`: the pids of the last local run (`rft_hpc.run.processes`)."""
+        return self.state / "processes.json"
+
+    @property
     def metrics(self) -> Path:
         return self.root / "metrics"
 

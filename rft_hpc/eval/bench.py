@@ -15,6 +15,7 @@ folder (config.json), published weights (manifest.json) or a trainer checkpoint
 
 from __future__ import annotations
 
+import logging
 import re
 import time
 from dataclasses import asdict, dataclass
@@ -26,9 +27,12 @@ from rft_hpc.config.tasks import ArithmeticTasks, JsonlTasks
 from rft_hpc.core.errors import UserError
 from rft_hpc.core.rundir import RunDir, atomic_write_json, read_json
 from rft_hpc.eval.bench_score import score_tasks
+from rft_hpc.runtime.logs import at_step, setup_logging, step_line
 from rft_hpc.tasks.arithmetic import arithmetic_tasks
 from rft_hpc.tasks.source import build_tasks
 from rft_hpc.tasks.task import Task, load_task_file
+
+log = logging.getLogger(__name__)
 
 BENCH_FORMAT_VERSION = 1
 PLAN_FILE = "plan.json"
@@ -214,14 +218,17 @@ def _pair(plan: dict[str, Any], index: int) -> tuple[dict[str, Any], dict[str, A
 
 def run_bench_task(folder: Path, index: int) -> dict[str, Any]:
     """Score pair `index` of the plan in `folder` (a bench folder); once: a rerun returns
-    the result already written."""
+    the result already written. Logs one line: step `index + 1` of the plan's tasks."""
     from rft_hpc.runtime.common import set_threads
 
+    setup_logging("bench")
     plan = read_json(folder / PLAN_FILE)
     out = result_file(folder, plan, index)
     if out.exists():
+        log.info("bench task %d was scored already: %s", index, out)
         return read_json(out)
     checkpoint, taskset = _pair(plan, index)
+    at_step(index + 1)
     set_threads(plan["threads"])
     t0 = time.monotonic()
     engine = load_checkpoint(Checkpoint(**checkpoint), plan["dtype"])
@@ -233,7 +240,17 @@ def run_bench_task(folder: Path, index: int) -> dict[str, Any]:
               "path": checkpoint["path"], "taskset": taskset["name"], **scores,
               "seconds": round(time.monotonic() - t0, 3)}
     atomic_write_json(out, result)
+    at_step(None)
+    log.info(bench_line(result, index + 1, task_count(plan)))
     return result
+
+
+def bench_line(result: dict[str, Any], step: int, total: int) -> str:
+    """The log line of one scored bench task (its checkpoint as the version, greedy
+    accuracy as the reward)."""
+    return step_line(step, total, version=result["checkpoint"],
+                     reward=result["greedy_accuracy"], seconds=result["seconds"],
+                     taskset=result["taskset"])
 
 
 def load_checkpoint(checkpoint: Checkpoint, dtype: str) -> Any:

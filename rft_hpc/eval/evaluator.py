@@ -8,6 +8,7 @@ or scores again from scratch: the same array runs under Slurm and as local proce
 
 from __future__ import annotations
 
+import logging
 import time
 from pathlib import Path
 from typing import Any
@@ -18,13 +19,17 @@ from rft_hpc.engines.hf import HFEngine
 from rft_hpc.eval.accuracy import exact_match_accuracy
 from rft_hpc.eval.results import EVAL_RESULT_VERSION, result_path
 from rft_hpc.runtime.common import load_stage, set_threads, write_heartbeat
+from rft_hpc.runtime.logs import at_step, setup_logging, step_line
 from rft_hpc.sync.checkpoint import load_start_weights, load_weights
 from rft_hpc.tasks.source import build_tasks
+
+log = logging.getLogger(__name__)
 
 
 def run_evaluator(stage_dir: Path, index: int) -> dict[str, Any]:
     """Score the weights version of evaluator task `index` (once; a rerun returns the result
-    already written)."""
+    already written). Its one step is the scoring: one log line, heartbeat step 0/1 -> 1/1."""
+    setup_logging(f"evaluator-{index}")
     config, run = load_stage(stage_dir)
     versions = config.eval.scored_versions(config.trainer.steps)
     if not 0 <= index < len(versions):
@@ -36,10 +41,14 @@ def run_evaluator(stage_dir: Path, index: int) -> dict[str, Any]:
     out = result_path(run, version)
     role = f"evaluator-{index}"
     if out.exists():
-        write_heartbeat(run, role, status="done", step=version, version=version)
+        write_heartbeat(run, role, status="done", step=1, total=1, version=version)
+        log.info("weights v%d were scored already: %s", version, out)
         return read_json(out)
     set_threads(config.trainer.threads)
-    write_heartbeat(run, role, status="running", step=version, version=version)
+    started = time.time()
+    write_heartbeat(run, role, status="running", step=0, total=1, version=version,
+                    started=started, start_step=0)
+    at_step(1)
     t0 = time.monotonic()
     engine = HFEngine(config.model.path, dtype=config.model.dtype)
     if version == 0:
@@ -54,7 +63,11 @@ def run_evaluator(stage_dir: Path, index: int) -> dict[str, Any]:
               "tasks": len(tasks), "seconds": round(time.monotonic() - t0, 3)}
     run.eval.mkdir(parents=True, exist_ok=True)
     atomic_write_json(out, result)
-    write_heartbeat(run, role, status="done", step=version, version=version)
+    at_step(None)
+    write_heartbeat(run, role, status="done", step=1, total=1, version=version,
+                    started=started, start_step=0)
+    log.info(step_line(1, 1, version=version, reward=accuracy, seconds=result["seconds"],
+                       tasks=len(tasks)))
     return result
 
 

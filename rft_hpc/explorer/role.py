@@ -8,6 +8,7 @@ boundary it loads the newest published weights.
 
 from __future__ import annotations
 
+import logging
 import time
 from pathlib import Path
 
@@ -24,8 +25,11 @@ from rft_hpc.monitor.metrics import MetricsWriter
 from rft_hpc.pipeline.explorer_side import ExplorerPipeline
 from rft_hpc.runtime.common import StopFlag, load_stage, set_threads, write_heartbeat
 from rft_hpc.runtime.lifecycle import JobClock
+from rft_hpc.runtime.logs import at_step, setup_logging, step_line
 from rft_hpc.sync.checkpoint import load_start_weights
 from rft_hpc.sync.follower import WeightFollower, build_receiver
+
+log = logging.getLogger(__name__)
 
 
 def required_version(step: int, config: ExperimentConfig) -> int:
@@ -52,10 +56,11 @@ def run_explorer(stage_dir: Path, index: int) -> int:
     Stopped by Slurm's warning signal or by its job's time limit, it commits what it wrote
     and raises `RequeueRequested`.
     """
+    role = f"explorer-{index}"
+    setup_logging(role)
     config, run = load_stage(stage_dir)
     set_threads(config.explorer.threads)
     stop = StopFlag()
-    role = f"explorer-{index}"
     cfg = config.explorer
     writer = SegmentWriter(run.buffer, role, "rl", durable=config.buffer.fsync,
                            steps_per_segment=config.buffer.steps_per_segment,
@@ -77,14 +82,18 @@ def run_explorer(stage_dir: Path, index: int) -> int:
     step = writer.next_step
     ledger = LedgerWriter(run.root / "ledger", role, durable=False)
     history = ledger.start(step, first_redone=step)
+    started, start_step = time.time(), step
+    log.info("starting at step %d of %d (weights version %s)", step, total, engine.version)
 
     def beat(status: str) -> None:
-        write_heartbeat(run, role, status=status, step=step, version=engine.version,
+        write_heartbeat(run, role, status=status, step=step, total=total,
+                        version=engine.version, started=started, start_step=start_step,
                         restarts=history.restarts, redone=history.redone,
                         in_flight=multi_turn.in_flight if multi_turn is not None else 0)
 
     try:
         while step < total and not stop:
+            at_step(step + 1)
             if not follower.wait_for(required_version(step, config)):
                 break
             t0 = time.monotonic()
@@ -110,11 +119,18 @@ def run_explorer(stage_dir: Path, index: int) -> int:
             clock.observe_step(seconds)
             step += 1
             beat("running")
+            log.info(step_line(step, total, version=engine.version,
+                               reward=values.get("reward_mean"), seconds=seconds))
+            log.debug("step %d: %s", step, values)
             if not clock.next_step_fits():
                 stop.out_of_time()
+        at_step(None)
         writer.close()
         step = writer.committed_step
-        ledger.append("stop", step=step, reason="done" if step >= total else stop.reason)
+        reason = "done" if step >= total else stop.reason
+        ledger.append("stop", step=step, reason=reason)
+        log.info("%s after step %d of %d", "finished" if step >= total else f"stopped ({reason})",
+                 step, total)
     except BaseException:
         follower.close()
         raise

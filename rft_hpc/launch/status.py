@@ -1,8 +1,9 @@
-"""Watching a submitted run: Slurm state of its jobs, heartbeats of its roles, cancel, logs.
+"""Watching a run: Slurm state of its jobs, heartbeats of its roles, cancel, logs.
 
 Job states come from squeue (fresh) and sacct (after a job left the queue); role state from
-the heartbeats in each stage's `state/`. Log files are those of `rft-hpc run` too, so `logs`
-serves local runs as well.
+the heartbeats in each stage's `state/`. A run of `rft-hpc run` has no jobs: its status
+comes from heartbeats and processes (`rft_hpc.run.status`). Log files are those of
+`rft-hpc run` too, so `logs` serves local runs as well.
 """
 
 from __future__ import annotations
@@ -10,17 +11,17 @@ from __future__ import annotations
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from rft_hpc.core.errors import UserError
-from rft_hpc.core.rundir import RunDir, open_run_dir, read_json
+from rft_hpc.core.rundir import open_run_dir, read_json
 from rft_hpc.launch.submit import JOBS_FILE, latest_job_ids, queued_jobs, submissions
+from rft_hpc.monitor.heartbeats import heartbeats
+from rft_hpc.run.status import local_status
 
 FAILED = frozenset({"BOOT_FAIL", "CANCELLED", "DEADLINE", "FAILED", "NODE_FAIL",
                     "OUT_OF_MEMORY", "PREEMPTED", "TIMEOUT"})
-_NOT_HEARTBEATS = frozenset({"result", "launcher", "jobs"})
 
 
 def _slurm(args: list[str]) -> str:
@@ -53,11 +54,18 @@ def job_states(ids: list[str]) -> dict[str, str]:
 
 
 def run_status(path: Path) -> dict[str, Any]:
-    """Jobs, roles and overall state of a submitted run: `running` while a job is queued (or
-    not yet in accounting), then `done` (summary.json written), `failed` or `cancelled`."""
+    """Jobs, roles and overall state of a run. Submitted to Slurm: `running` while a job is
+    queued (or not yet in accounting), then `done` (summary.json written), `failed` or
+    `cancelled`. Run by `rft-hpc run` (its last launch the newer): `local_status`."""
     run = open_run_dir(path)
-    if not (run.state / JOBS_FILE).exists():
-        raise UserError(f"{path} was never submitted to Slurm (no state/{JOBS_FILE})")
+    jobs_file = run.state / JOBS_FILE
+    local = run.processes.exists() and (
+        not jobs_file.exists() or run.processes.stat().st_mtime > jobs_file.stat().st_mtime)
+    if local:
+        return local_status(run)
+    if not jobs_file.exists():
+        raise UserError(f"{path} was neither submitted to Slurm (no state/{JOBS_FILE}) nor "
+                        "run by `rft-hpc run` (no state/processes.json)")
     history = submissions(run)
     entries = history[-1]["jobs"]
     states = job_states([e["id"] for e in entries])
@@ -80,7 +88,7 @@ def run_status(path: Path) -> dict[str, Any]:
     return {"run": str(run.root), "state": state, "jobs": jobs, "roles": roles,
             "summary": str(summary) if summary.exists() else None,
             "submissions": len(history), "auto_resume": bool(history[-1].get("auto_resume")),
-            "watchers": len(watchers)}
+            "watchers": len(watchers), "local": False}
 
 
 def _overall(states: list[str]) -> str:
@@ -93,34 +101,6 @@ def _overall(states: list[str]) -> str:
     if failed:
         return failed[0]
     return "COMPLETED" if all(s == "COMPLETED" for s in states) else states[0]
-
-
-def heartbeats(run: RunDir) -> Iterator[dict[str, Any]]:
-    """Each role's last heartbeat in each stage: status, step, version, age, backlog."""
-    now = time.time()
-    for stage in sorted((run.root / "stages").glob("*")):
-        state = RunDir(stage).state
-        for path in sorted(state.glob("*.json")):
-            if path.stem in _NOT_HEARTBEATS or path.stem.startswith(("slurm-", ".")):
-                continue
-            beat = read_json(path)
-            version = beat.get("version")
-            if path.stem == "trainer":
-                version = beat.get("final_version", _published(RunDir(stage)))
-            yield {"stage": stage.name, "role": path.stem, "status": beat.get("status"),
-                   "step": beat.get("step"), "version": version,
-                   "age": round(now - beat["time"], 1) if "time" in beat else None,
-                   "backlog": beat.get("backlog"), "restarts": beat.get("restarts", 0),
-                   "redone": beat.get("redone", 0)}
-
-
-def _published(stage: RunDir) -> int | None:
-    # weights/LATEST holds "<version>\n" (docs/weights-format.md); read here without the
-    # sync module, which imports torch: status must answer quickly.
-    try:
-        return int(stage.weights_latest.read_text().strip())
-    except (OSError, ValueError):
-        return None
 
 
 def cancel_run(path: Path, timeout: float = 60.0) -> list[str]:

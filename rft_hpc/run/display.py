@@ -1,7 +1,8 @@
 """The live view of a running stage: one row per role, refreshed from metrics and heartbeats.
 
-On a terminal it is a rich live table; otherwise (CI, logs) a progress line every few
-seconds.
+Each row shows the role's step/total, its rate and time left (from its heartbeat,
+`monitor.progress`), weight version, reward, eval accuracy and buffer backlog. On a terminal
+it is a rich live table; otherwise (CI, logs) a progress line every few seconds.
 """
 
 from __future__ import annotations
@@ -16,19 +17,22 @@ from rft_hpc.config import ExperimentConfig
 from rft_hpc.core.console import console
 from rft_hpc.core.rundir import RunDir, read_json
 from rft_hpc.monitor.metrics import MetricsTail
+from rft_hpc.monitor.progress import format_eta, format_rate, format_step, progress
 
 PLAIN_INTERVAL_SECONDS = 5.0
 
 
 class Display:
-    """Shows each role's step, weight version, reward, eval accuracy and buffer backlog."""
+    """Shows each role's step/total, rate, time left, weight version, reward, eval accuracy
+    and buffer backlog."""
 
     def __init__(self, config: ExperimentConfig, run: RunDir, title: str, *,
                  live: bool | None = None, roles: list[str] | None = None) -> None:
-        """Rows for `roles` (default: the trainer and explorers the config's mode runs)."""
+        """Rows for `roles` (default: the roles the config's mode runs)."""
         self.config, self.run, self.title = config, run, title
         if roles is None:
-            roles = ["trainer"] if config.mode in ("both", "train") else []
+            roles = ["bench"] if config.mode == "bench" else []
+            roles += ["trainer"] if config.mode in ("both", "train") else []
             if config.mode in ("both", "explore"):
                 roles += [f"explorer-{i}" for i in range(config.explorer.count)]
         self.roles = roles
@@ -80,13 +84,16 @@ class Display:
 
     def _table(self) -> Table:
         t = Table(title=f"{self.title}  ({time.monotonic() - self.t0:.0f} s)")
-        for col in ("role", "status", "step", "weights", "reward", "eval acc", "backlog",
-                    "loss"):
+        for col in ("role", "status", "step", "rate", "left", "weights", "reward", "eval acc",
+                    "backlog", "loss"):
             t.add_column(col, justify="left" if col in ("role", "status") else "right")
         for role in self.roles:
             m, hb = self.last[role], self._heartbeat(role)
-            t.add_row(role, hb.get("status", "starting"), _fmt(hb.get("step")),
-                      _fmt(m.get("version", hb.get("final_version"))), _fmt(m.get("reward_mean")),
+            p = progress(hb)
+            t.add_row(role, hb.get("status", "starting"), format_step(p.step, p.total),
+                      format_rate(p.rate), format_eta(p.eta),
+                      _fmt(m.get("version", hb.get("final_version", hb.get("version")))),
+                      _fmt(m.get("reward_mean")),
                       _fmt(self.eval) if role == "trainer" else "",
                       _fmt(m.get("backlog")), _fmt(m.get("loss")))
         return t
@@ -94,8 +101,10 @@ class Display:
     def _line(self) -> str:
         parts = [f"{self.title} {time.monotonic() - self.t0:.0f}s"]
         for role in self.roles:
-            m = self.last[role]
-            parts.append(f"{role} step {_fmt(m.get('step'))} reward {_fmt(m.get('reward_mean'))}")
+            m, p = self.last[role], progress(self._heartbeat(role))
+            parts.append(f"{role} step {format_step(p.step, p.total)} "
+                         f"{format_rate(p.rate)} left {format_eta(p.eta)} "
+                         f"reward {_fmt(m.get('reward_mean'))}")
         if self.eval is not None:
             parts.append(f"eval acc {self.eval:.3f}")
         return " | ".join(parts)

@@ -23,6 +23,7 @@ from rft_hpc.core.errors import UserError
 from rft_hpc.core.rundir import RunDir, atomic_write_json, read_json
 from rft_hpc.eval.results import result_path
 from rft_hpc.run.display import Display
+from rft_hpc.run.processes import ProcessRecord
 from rft_hpc.run.stages import (
     finish_stage,
     open_run,
@@ -50,7 +51,14 @@ class RoleProcess:
     log: Path
     cmd: list[str]
     threads: int
+    record: ProcessRecord
+    stage: str
     restarts: int = 0
+
+    def start(self) -> None:
+        """Start the role (again) and record its pid."""
+        self.proc = _popen(self.cmd, self.log, self.threads)
+        self.record.started(self.stage, self.name, self.proc.pid)
 
 
 @dataclass
@@ -61,9 +69,13 @@ class RunResult:
     summary: dict = field(default_factory=dict)
 
 
-def _start(name: str, cmd: list[str], run: RunDir, threads: int) -> RoleProcess:
+def _start(name: str, cmd: list[str], run: RunDir, threads: int,
+           record: ProcessRecord) -> RoleProcess:
     log = run.jobs / f"{name}.log"
-    return RoleProcess(name, _popen(cmd, log, threads), log, cmd, threads)
+    role = RoleProcess(name, _popen(cmd, log, threads), log, cmd, threads, record,
+                       run.root.name)
+    record.started(role.stage, name, role.proc.pid)
+    return role
 
 
 def _popen(cmd: list[str], log: Path, threads: int) -> subprocess.Popen[bytes]:
@@ -74,21 +86,21 @@ def _popen(cmd: list[str], log: Path, threads: int) -> subprocess.Popen[bytes]:
                                 start_new_session=True)
 
 
-def _roles(config: ExperimentConfig, run: RunDir) -> list[RoleProcess]:
+def _roles(config: ExperimentConfig, run: RunDir, record: ProcessRecord) -> list[RoleProcess]:
     # sync.method mpi: each role an MPI program of its own, as srun --mpi makes it in a job
     launcher = mpi_launcher() if config.sync.method == "mpi" else []
     procs = []
     if config.mode == "bench":
         procs.append(_start("bench", role_command("bench-stage", run.root), run,
-                            config.trainer.threads))
+                            config.trainer.threads, record))
     if config.mode in ("both", "train"):
         procs.append(_start("trainer", [*launcher, *role_command("trainer", run.root)], run,
-                            config.trainer.threads))
+                            config.trainer.threads, record))
     if config.mode in ("both", "explore"):
         for i in range(config.explorer.count):
             procs.append(_start(f"explorer-{i}",
                                 [*launcher, *role_command("explorer", run.root, i)], run,
-                                config.explorer.threads))
+                                config.explorer.threads, record))
     return procs
 
 
@@ -101,14 +113,15 @@ def mpi_launcher() -> list[str]:
     return [found, "-n", "1"]
 
 
-def _evaluate(config: ExperimentConfig, run: RunDir, title: str, live: bool | None) -> None:
+def _evaluate(config: ExperimentConfig, run: RunDir, title: str, live: bool | None,
+              record: ProcessRecord) -> None:
     """Run the evaluator tasks of a finished stage that have no result yet, all at once."""
     versions = config.eval.scored_versions(config.trainer.steps)
     todo = [i for i, v in enumerate(versions) if not result_path(run, v).exists()]
     if not todo:
         return
     procs = [_start(f"evaluator-{i}", role_command("evaluator", run.root, i), run,
-                    config.trainer.threads) for i in todo]
+                    config.trainer.threads, record) for i in todo]
     with Display(config, run, title, live=live, roles=[p.name for p in procs]) as display:
         _supervise(procs, display)
 
@@ -136,7 +149,7 @@ def _supervise(procs: list[RoleProcess], display: Display) -> None:
                 if p.proc.poll() == REQUEUE_EXIT:
                     p.restarts += 1
                     display.note(f"restarting {p.name} (restart {p.restarts})")
-                    p.proc = _popen(p.cmd, p.log, p.threads)
+                    p.start()
             failed = [p for p in procs if p.proc.returncode not in (None, 0)]
             if failed:
                 _stop_all(procs)
@@ -167,6 +180,21 @@ def run_local(config_path: Path, overrides: list[str] | None = None, *,
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, _interrupt)
     config, run = open_run(config_path, overrides or [])
+    record = ProcessRecord(run)
+    try:
+        result = _run_stages(config, run, record, live)
+    except (Interrupted, KeyboardInterrupt):
+        record.ended("stopped")
+        raise
+    except BaseException:
+        record.ended("failed")
+        raise
+    record.ended("done")
+    return result
+
+
+def _run_stages(config: ExperimentConfig, run: RunDir, record: ProcessRecord,
+                live: bool | None) -> RunResult:
     start_weights: Path | None = None
     results = []
     t_run = time.monotonic()
@@ -181,13 +209,14 @@ def run_local(config_path: Path, overrides: list[str] | None = None, *,
             t0 = time.monotonic()
             try:
                 with display:
-                    _supervise(_roles(stage, stage_run), display)
+                    _supervise(_roles(stage, stage_run, record), display)
             finally:  # seconds spent in a stage add up over interrupted runs
                 spent += time.monotonic() - t0
                 atomic_write_json(clock, {"seconds": spent})
             done = finish_stage(stage, stage_run, name, spent)
         if stage.eval.evaluator and stage.mode in ("both", "train"):
-            _evaluate(stage, RunDir(folder), f"stage {index}: {name}, evaluator", live)
+            _evaluate(stage, RunDir(folder), f"stage {index}: {name}, evaluator", live,
+                      record)
         results.append(done)
         start_weights = Path(done["weights"]) if done["weights"] else start_weights
     summary = write_summary(run, results, wall_seconds=time.monotonic() - t_run)

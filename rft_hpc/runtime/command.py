@@ -3,8 +3,11 @@ in Slurm jobs (`python -m rft_hpc.cli role ROLE STAGE_DIR [--index I]`)."""
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
+
+from rft_hpc.runtime.logs import LOG_LEVEL_ENV, log_level
 
 
 def role_command(role: str, folder: Path, index: int | str | None = None, *,
@@ -18,6 +21,10 @@ def role_command(role: str, folder: Path, index: int | str | None = None, *,
 
 
 def role_env(threads: int) -> dict[str, str]:
-    """Environment variables every role process gets (locally and in Slurm jobs)."""
-    return {"OMP_NUM_THREADS": str(threads), "TOKENIZERS_PARALLELISM": "false",
-            "PYTHONUNBUFFERED": "1"}
+    """Environment variables every role process gets (locally and in Slurm jobs), with
+    the log level (`--log-level`) when one was set."""
+    env = {"OMP_NUM_THREADS": str(threads), "TOKENIZERS_PARALLELISM": "false",
+           "PYTHONUNBUFFERED": "1"}
+    if os.environ.get(LOG_LEVEL_ENV):
+        env[LOG_LEVEL_ENV] = log_level()  # checked: a bad value fails here, not in a job
+    return env

@@ -39,6 +39,7 @@ from rft_hpc.runtime.common import (
     write_heartbeat,
 )
 from rft_hpc.runtime.lifecycle import JobClock
+from rft_hpc.runtime.logs import at_step, setup_logging, step_line
 from rft_hpc.sync.publisher import WeightPublisher
 from rft_hpc.tasks.source import build_tasks
 from rft_hpc.trainer.checkpoint import TrainerState, load_trainer_state, save_trainer_state
@@ -142,10 +143,13 @@ def run_trainer(stage_dir: Path) -> int:
 
     Under a multi-rank launch (`init_distributed`) every rank calls this; rank 0 leads.
     """
+    setup_logging("trainer")
     config, run = load_stage(stage_dir)
     set_threads(config.trainer.threads)
     stop = StopFlag()  # other ranks too: a signal must not kill them mid-step
     dist = init_distributed()
+    if not dist.is_main:
+        setup_logging(f"trainer-rank{dist.rank}")
     try:
         trainer = Trainer(config, dist)
         chash = config_hash(config)
@@ -222,13 +226,19 @@ def _lead(trainer: Trainer, run: RunDir, stop: StopFlag, saved: TrainerState | N
         ledger.append("save", step=step)
         clock.observe_save(time.monotonic() - t0)
 
+    version = publisher.files_version  # the newest version the explorers were given
+    started, start_step = time.time(), step
+    log.info("starting at step %d of %d", step, tcfg.steps)
+
     def beat(status: str, **fields: Any) -> None:
-        write_heartbeat(run, "trainer", status=status, step=step, restarts=history.restarts,
-                        redone=history.redone, **fields)
+        write_heartbeat(run, "trainer", status=status, step=step, total=tcfg.steps,
+                        version=version, started=started, start_step=start_step,
+                        restarts=history.restarts, redone=history.redone, **fields)
 
     exhausted = False
     try:
         while step < tcfg.steps and not stop:
+            at_step(step + 1)
             t0 = time.monotonic()
             batch = next_batch(reader, tcfg.batch_size, step, config=config, run=run, stop=stop,
                                idle=idle)
@@ -253,6 +263,7 @@ def _lead(trainer: Trainer, run: RunDir, stop: StopFlag, saved: TrainerState | N
             if step in scored:
                 publisher.write_files(weights(), step)
                 published = step
+            version = published if published is not None else version
             if config.eval.interval and step % config.eval.interval == 0 and eval_tasks:
                 values.update(eval_accuracy=accuracy(), **set_accuracy())
                 last_eval = step
@@ -267,8 +278,13 @@ def _lead(trainer: Trainer, run: RunDir, stop: StopFlag, saved: TrainerState | N
                 save()
                 last_saved = step
             beat("running", backlog=reader.pending)
+            log.info(step_line(step, tcfg.steps, version=version,
+                               reward=values.get("reward_mean"), seconds=values["seconds"],
+                               loss=values.get("loss", "-")))
+            log.debug("step %d: %s", step, values)
             if not clock.next_step_fits():
                 stop.out_of_time()
+        at_step(None)
         if not trainer.sharded:
             followers.send("stop")
         if last_saved != step:
@@ -276,11 +292,15 @@ def _lead(trainer: Trainer, run: RunDir, stop: StopFlag, saved: TrainerState | N
         done = step >= tcfg.steps or exhausted
         if done:
             publisher.write_files(weights(), step)
+            version = step
             if eval_tasks and last_eval != step:
                 metrics.log(step, {"eval_accuracy": accuracy(), **set_accuracy()})
         if trainer.sharded:  # the others took part in the final save and publish
             followers.send("stop")
-        ledger.append("stop", step=step, reason="done" if done else stop.reason)
+        reason = "done" if done else stop.reason
+        ledger.append("stop", step=step, reason=reason)
+        log.info("%s after step %d of %d", "finished" if done else f"stopped ({reason})", step,
+                 tcfg.steps)
     finally:
         metrics.close()
         ledger.close()
