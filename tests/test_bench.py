@@ -148,7 +148,8 @@ run: {{name: benchrun, root: {tmp_path / "runs"}, seed: 0}}
 model: {{path: {model}}}
 tasks: {{type: arithmetic, digits: 1, eval_size: 4}}
 explorer: {{repeat: 2}}
-trainer: {{algorithm: sft, lr: 3.0e-4, batch_size: 16, steps: 2, save_interval: 1}}
+algorithm: {{algorithm_type: sft}}
+trainer: {{lr: 3.0e-4, batch_size: 16, steps: 2, save_interval: 1}}
 sync: {{interval: 1}}
 eval: {{max_new_tokens: 3}}
 stages:

@@ -11,6 +11,7 @@ from pydantic import BaseModel
 
 from rft_hpc.config import ConfigError, ExperimentConfig, load_config, schema
 from rft_hpc.config.reference import render_reference, splice
+from rft_hpc.config.renamed import RENAMED
 from rft_hpc.core.errors import UserError
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -41,7 +42,8 @@ def test_defaults(tmp_path):
     assert (cfg.run.name, cfg.run.root, cfg.run.seed, cfg.mode) == ("demo", Path("runs"), 0, "both")
     assert (cfg.model.path, cfg.model.dtype) == (None, "float32")
     assert (cfg.explorer.count, cfg.explorer.engine, cfg.explorer.repeat) == (1, "hf", 8)
-    assert (cfg.trainer.algorithm, cfg.trainer.lr, cfg.trainer.batch_size) == ("grpo", 1e-5, 64)
+    assert (cfg.algorithm.algorithm_type, cfg.trainer.lr, cfg.trainer.batch_size) == (
+        "grpo", 1e-5, 64)
     assert (cfg.sync.method, cfg.sync.interval, cfg.sync.offset, cfg.sync.timeout) == (
         "checkpoint", 1, 0, 600.0)
     assert cfg.buffer.sampler.type == "fifo"
@@ -251,7 +253,7 @@ def test_grpo_needs_groups_of_rollouts(tmp_path):
     assert (problem.key, problem.line) == ("explorer.repeat", 2)
     assert "needs repeat >= 2" in problem.message
     assert load_config(path, ["mode=train"]).explorer.repeat == 1
-    assert load_config(path, ["trainer.algorithm=ppo"]).explorer.repeat == 1
+    assert load_config(path, ["algorithm.algorithm_type=ppo"]).explorer.repeat == 1
 
 
 def test_every_problem_is_reported_together(tmp_path, monkeypatch):
@@ -277,6 +279,53 @@ def test_every_problem_is_reported_together(tmp_path, monkeypatch):
     assert lines[0] == "7 problems in the config:"
     assert lines[1:] == [f"  {p}" for p in error.problems]
     assert all(line.startswith(f"  {path}") for line in lines[1:])
+
+
+# --- one name per setting -----------------------------------------------------------------
+
+RENAMED_CASES = [  # (file, old key, its line, the new name the message gives)
+    ("trainer:\n  lr: 1.0e-5\n  algorithm: sft\n", "trainer.algorithm", 3,
+     "algorithm.algorithm_type"),
+    ("trainer:\n  clip_ratio: 0.3\n", "trainer.clip_ratio", 2,
+     "algorithm.policy_loss_fn_args.clip_range"),
+    ("trainer:\n  kl_coef: 0.05\n", "trainer.kl_coef", 2,
+     "algorithm.kl_loss_fn_args.kl_coef (with kl_loss_fn: k3)"),
+    ("algorithm:\n  policy_loss_fn_args: {loss_agg_mode: token-mean}\n",
+     "algorithm.policy_loss_fn_args.loss_agg_mode", 2, "algorithm.loss_agg_mode"),
+]
+
+
+@pytest.mark.parametrize(("text", "old", "line", "new"), RENAMED_CASES,
+                         ids=[case[1] for case in RENAMED_CASES])
+def test_an_old_name_is_refused_with_its_new_name(tmp_path, text, old, line, new):
+    path = write(tmp_path, text)
+    (problem,) = problems_of(path).problems
+    assert (problem.key, problem.line) == (old, line)
+    assert str(problem) == f"{path}:{line}: {old}: was renamed to {new}; write that instead"
+
+
+def test_every_old_name_is_tested():
+    assert {tuple(case[1].split(".")) for case in RENAMED_CASES} == set(RENAMED)
+
+
+def test_an_old_name_in_a_stage_or_an_override_names_the_new_one(tmp_path):
+    path = write(tmp_path, "stages:\n  - name: warm\n    trainer: {algorithm: sft}\n"
+                           "  - name: rl\n")
+    (problem,) = problems_of(path).problems
+    assert (problem.key, problem.line) == ("stages[0].trainer.algorithm", 3)
+    assert problem.message == ("was renamed to stages[0].algorithm.algorithm_type; "
+                               "write that instead")
+    (problem,) = problems_of(write(tmp_path, ""), ["trainer.kl_coef=0.1"]).problems
+    assert (problem.key, problem.override) == ("trainer.kl_coef", "trainer.kl_coef=0.1")
+    assert problem.message.startswith("was renamed to algorithm.kl_loss_fn_args.kl_coef")
+
+
+def test_an_old_name_does_not_hide_the_other_problems(tmp_path):
+    path = write(tmp_path, "trainer:\n  algorithm: sft\n  lr: -1\n")
+    error = problems_of(path)
+    assert [(p.key, p.line) for p in error.problems] == [("trainer.algorithm", 2),
+                                                         ("trainer.lr", 3)]
+    assert "renamed" in error.problems[0].message and "must be > 0" in error.problems[1].message
 
 
 # --- schema docs ----------------------------------------------------------------------------
@@ -330,6 +379,16 @@ def test_cli_validate_reports_every_problem_without_traceback(tmp_path):
     assert f"{path}:2: trainer.lrr: unknown key; did you mean 'lr'?" in result.stderr
     assert f"{path}:4: explorer.count: must be >= 1, got 0" in result.stderr
     assert "sync.method (from --set sync.method=tcp)" in result.stderr
+
+
+def test_cli_validate_refuses_an_old_name_in_one_message(tmp_path):
+    path = write(tmp_path, "trainer:\n  algorithm: sft\n")
+    result = rft_hpc("validate", str(path))
+    assert result.returncode == 2
+    assert "Traceback" not in result.stderr
+    assert (f"{path}:2: trainer.algorithm: was renamed to algorithm.algorithm_type"
+            in " ".join(result.stderr.split()))
+    assert result.stderr.count("renamed") == 1 and "unknown key" not in result.stderr
 
 
 @pytest.mark.parametrize("args", [

@@ -107,18 +107,20 @@ def test_rollout_logprobs_are_what_the_trainer_recomputes(tiny_model):
 
 def test_stages_merge_only_the_keys_they_give(tmp_path):
     cfg = load_config(_write(tmp_path, """
-trainer: {lr: 1.0e-5, steps: 100, clip_ratio: 0.3}
+trainer: {lr: 1.0e-5, steps: 100, grad_clip: 0.3}
 buffer: {max_uses: 1, sampler: {type: priority}}
 stages:
   - name: warmup
     mode: train
-    trainer: {algorithm: sft, lr: 3.0e-4}
+    algorithm: {algorithm_type: sft}
+    trainer: {lr: 3.0e-4}
     buffer: {max_uses: 4}
   - name: rl
 """))
     (n0, s0), (n1, s1) = cfg.stage_configs()
-    assert (n0, s0.mode, s0.trainer.algorithm, s0.trainer.lr) == ("warmup", "train", "sft", 3e-4)
-    assert (s0.trainer.steps, s0.trainer.clip_ratio) == (100, 0.3)
+    assert (n0, s0.mode, s0.algorithm.algorithm_type, s0.trainer.lr) == ("warmup", "train",
+                                                                          "sft", 3e-4)
+    assert (s0.trainer.steps, s0.trainer.grad_clip) == (100, 0.3)
     assert s0.buffer.max_uses == 4 and s0.buffer.sampler.type == "priority"
     assert (n1, s1.mode, s1.trainer.lr, s1.buffer.max_uses) == ("rl", "both", 1e-5, 1)
 

@@ -182,7 +182,7 @@ def test_offline_sft_from_a_jsonl_file(tmp_path, tiny_model):
     data.write_text("".join(json.dumps({"prompt": f"{a}+{a}=", "response": str(2 * a)}) + "\n"
                             for a in range(10, 60)))
     result = rft("run", DEMO, *short(tmp_path, tiny_model, "--set", "stages=[]",
-                                     "--set", "mode=train", "--set", "trainer.algorithm=sft",
+                                     "--set", "mode=train", "--set", "algorithm.algorithm_type=sft",
                                      "--set", f"data={{source: jsonl, path: {data}, kind: sft}}",
                                      "--set", "trainer.batch_size=16", "--set", "trainer.lr=1e-3",
                                      "--set", "buffer.max_uses=3"), timeout=600)

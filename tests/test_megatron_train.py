@@ -24,14 +24,14 @@ from test_trainer_distributed import (
 
 pytestmark = pytest.mark.needs_module("megatron.core")
 
-TRAINER = {"algorithm": "grpo", "lr": 1e-3, "batch_size": 8, "grad_clip": 1.0,
-           "kl_coef": 0.05, "weight_decay": 0.01}
+TRAINER = {"lr": 1e-3, "batch_size": 8, "grad_clip": 1.0, "weight_decay": 0.01}
+ALGORITHM = {"algorithm_type": "grpo", "kl_loss_fn": "k3", "kl_loss_fn_args": {"kl_coef": 0.05}}
 
 
 def hf_grads(trainer) -> dict[str, torch.Tensor]:
     """The policy's gradients with HF names: gathered from the megatron shards (a
     collective), or the torch model's own."""
-    if trainer.megatron:
+    if trainer.backend.name == "megatron":
         return trainer.model.hf_gather({n: p.grad for n, p in
                                         trainer.model.gpt.named_parameters()})
     return {n: p.grad.clone() for n, p in trainer.model.named_parameters()}
@@ -93,7 +93,7 @@ def run_worker(tmp_path: Path, model: Path, tp: int, world: int | None = None) -
     """`megatron_worker` on `world` ranks (default `tp`: no data parallelism) at TP = `tp`
     over gloo; rank 0's results."""
     world = world or tp
-    config = write_config(tmp_path / f"tp{tp}.yaml", model, trainer={
+    config = write_config(tmp_path / f"tp{tp}.yaml", model, algorithm=ALGORITHM, trainer={
         **TRAINER, "backend": "megatron", "megatron": {"tensor_parallel": tp,
                                                        "make_vocab_size_divisible_by": 8}})
     script = [sys.executable, __file__, str(config), str(tmp_path), "1" if world == 1 else "0"]
@@ -225,10 +225,10 @@ def test_settings_the_loop_cannot_train_are_named(tmp_path, tiny_model):
     from rft_hpc.config import load_config
     from rft_hpc.trainer.megatron_backend import megatron_unsupported
 
-    def problem(world=None, **trainer):
+    def problem(world=None, algorithm="grpo", **trainer):
         return megatron_unsupported(load_config(write_config(
-            tmp_path / "c.yaml", tiny_model, trainer={"backend": "megatron", **trainer})),
-            world)
+            tmp_path / "c.yaml", tiny_model, algorithm={"algorithm_type": algorithm},
+            trainer={"backend": "megatron", **trainer})), world)
 
     assert problem() is None and problem(4, megatron={"tensor_parallel": 2}) is None
     assert "do not split into tensor-parallel groups" in problem(3, megatron={

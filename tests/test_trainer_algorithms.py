@@ -11,7 +11,7 @@ import yaml
 from rft_hpc.buffer.offline import task_records
 from rft_hpc.buffer.reader import Batch
 from rft_hpc.buffer.records import Experience
-from rft_hpc.config import ConfigError, load_config
+from rft_hpc.config import load_config
 from rft_hpc.eval.heldout import heldout_dpo_loss, heldout_sft_loss
 from rft_hpc.tasks.source import build_tasks
 from rft_hpc.trainer.algorithm import AlgorithmPlan
@@ -29,35 +29,25 @@ def config_file(tmp_path: Path, model: Path, **sections: object) -> Path:
     return path
 
 
-def test_trainer_algorithm_and_algorithm_type_are_one_setting(tmp_path):
-    path = tmp_path / "c.yaml"
-    path.write_text("algorithm: {algorithm_type: ppo}\n")
-    assert load_config(path).trainer.algorithm == "ppo"
-    path.write_text("trainer: {algorithm: rloo}\n")
-    assert load_config(path).algorithm.algorithm_type == "rloo"
-    path.write_text("trainer: {algorithm: sft}\nalgorithm: {algorithm_type: dpo}\n")
-    with pytest.raises(ConfigError, match="same setting"):
-        load_config(path)
-
-
 def test_a_stage_naming_another_algorithm_starts_from_its_preset(tmp_path):
     path = tmp_path / "c.yaml"
     path.write_text(yaml.safe_dump({
         "algorithm": {"algorithm_type": "ppo", "policy_loss_fn_args": {"clip_ratio_c": 2.0},
                       "kl_loss_fn": "k2"},
-        "stages": [{"name": "warm", "trainer": {"algorithm": "sft"}},
+        "stages": [{"name": "warm", "algorithm": {"algorithm_type": "sft"}},
                    {"name": "rl"}, {"name": "kl", "algorithm": {"kl_loss_fn": "k3"}}]}))
     (_, warm), (_, rl), (_, kl) = load_config(path).stage_configs()
     assert warm.algorithm.algorithm_type == "sft" and warm.algorithm.policy_loss_fn_args == {}
     assert warm.algorithm.kl_loss_fn == "none"
-    assert (rl.trainer.algorithm, rl.algorithm.kl_loss_fn) == ("ppo", "k2")
+    assert (rl.algorithm.algorithm_type, rl.algorithm.kl_loss_fn) == ("ppo", "k2")
     assert (kl.algorithm.algorithm_type, kl.algorithm.kl_loss_fn) == ("ppo", "k3")
     assert kl.algorithm.policy_loss_fn_args == {"clip_ratio_c": 2.0}
 
 
-def test_plan_fills_presets_shorthands_and_checks_arguments(tmp_path):
+def test_plan_fills_presets_defaults_and_checks_arguments(tmp_path):
     path = tmp_path / "c.yaml"
-    path.write_text("trainer: {clip_ratio: 0.3, kl_coef: 0.05}\n")
+    path.write_text("algorithm: {policy_loss_fn_args: {clip_range: 0.3}, kl_loss_fn: k3, "
+                    "kl_loss_fn_args: {kl_coef: 0.05}}\n")
     plan = AlgorithmPlan.of(load_config(path))
     assert (plan.advantage_fn, plan.policy_loss_fn) == ("grpo", "ppo")
     assert plan.policy_loss_args == {"clip_range": 0.3, "loss_agg_mode": "token-mean"}
@@ -78,8 +68,8 @@ def test_plan_fills_presets_shorthands_and_checks_arguments(tmp_path):
 @pytest.mark.parametrize(("kind", "measure"), [("dpo", "dpo"), ("sft", "sft")])
 def test_offline_steps_lower_the_held_out_loss(tmp_path, tiny_model, kind, measure):
     config = load_config(config_file(tmp_path, tiny_model, mode="train",
-                                     trainer={"algorithm": kind, "lr": 3e-3, "batch_size": 16,
-                                              "grad_clip": 1.0}))
+                                     algorithm={"algorithm_type": kind},
+                                     trainer={"lr": 3e-3, "batch_size": 16, "grad_clip": 1.0}))
     torch.manual_seed(0)
     trainer = Trainer(config)
     train, held_out = build_tasks(config.tasks, config.run.seed)

@@ -121,9 +121,10 @@ def max_differences(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> t
 
 @pytest.mark.parametrize("algorithm", ["grpo", "sft", "ppo"])
 def test_one_step_on_two_ranks_matches_one_process(tmp_path, tiny_model, algorithm):
-    trainer = {"algorithm": algorithm, "lr": 1e-3, "batch_size": 8, "grad_clip": 1.0,
-               "kl_coef": 0.05 if algorithm == "grpo" else 0.0, "weight_decay": 0.01}
-    config = write_config(tmp_path / "config.yaml", tiny_model, trainer=trainer)
+    trainer = {"lr": 1e-3, "batch_size": 8, "grad_clip": 1.0, "weight_decay": 0.01}
+    kl = {"kl_loss_fn": "k3", "kl_loss_fn_args": {"kl_coef": 0.05}} if algorithm == "grpo" else {}
+    config = write_config(tmp_path / "config.yaml", tiny_model, trainer=trainer,
+                          algorithm={"algorithm_type": algorithm, **kl})
     args = [sys.executable, __file__, "step", str(config), algorithm, str(tmp_path)]
     results = finish(start_ranks(args, 1, None) + start_ranks(args, 2, tmp_path / "rdzv"))
     assert all(rc == 0 for rc, _ in results), [err[-2000:] for _, err in results]
@@ -179,10 +180,11 @@ def sft_stage(tmp_path: Path, model: Path, name: str, **trainer) -> Path:
     from rft_hpc.config import load_config
     from rft_hpc.run.stages import prepare_model, prepare_stage
 
-    settings = {"algorithm": "sft", "lr": 3e-4, "batch_size": 16, "steps": 4,
+    settings = {"lr": 3e-4, "batch_size": 16, "steps": 4,
                 "save_interval": 2, **trainer}
     path = write_config(tmp_path / f"{name}.yaml", model, mode="train",
                         data={"source": "tasks"}, trainer=settings,
+                        algorithm={"algorithm_type": "sft"},
                         tasks={"type": "arithmetic", "digits": 1, "eval_size": 8},
                         eval={"interval": 2, "max_new_tokens": 3})
     config = prepare_model(load_config(path))

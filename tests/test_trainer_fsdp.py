@@ -20,17 +20,21 @@ from rft_hpc.buffer.records import Experience
 from rft_hpc.trainer.micro import drop_oversized, pack, record_cost
 
 ROOT = Path(__file__).resolve().parents[1]
-TRAINER = {"algorithm": "grpo", "lr": 1e-3, "batch_size": 8, "grad_clip": 1.0,
-           "kl_coef": 0.05, "weight_decay": 0.01}
+TRAINER = {"lr": 1e-3, "batch_size": 8, "grad_clip": 1.0, "weight_decay": 0.01}
+KL = {"kl_loss_fn": "k3", "kl_loss_fn_args": {"kl_coef": 0.05}}
+"""A KL term in the loss of the RL steps (sft steps have none)."""
 
 
-def one_step(tmp_path: Path, model: Path, batch: Batch, name: str, **settings
+def one_step(tmp_path: Path, model: Path, batch: Batch, name: str, algorithm: str = "grpo",
+             **settings
              ) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor], dict[str, float]]:
     """Weights and gradients after one step of a single-process trainer, and its metrics."""
     from rft_hpc.config import load_config
     from rft_hpc.trainer.trainer import Trainer
 
-    config = write_config(tmp_path / f"{name}.yaml", model, trainer={**TRAINER, **settings})
+    kl = {} if algorithm == "sft" else KL
+    config = write_config(tmp_path / f"{name}.yaml", model, trainer={**TRAINER, **settings},
+                          algorithm={"algorithm_type": algorithm, **kl})
     trainer = Trainer(load_config(config))
     values = trainer.step(batch)
     params = {k: p.detach().clone() for k, p in trainer.model.named_parameters()}
@@ -90,18 +94,16 @@ def test_a_sequence_over_the_budget_is_skipped_with_a_metric(tmp_path, tiny_mode
 
 
 def test_activation_checkpointing_gives_the_same_gradients(tmp_path, tiny_model):
-    plain = one_step(tmp_path, tiny_model, fixed_batch("sft"), "plain", algorithm="sft",
-                     kl_coef=0.0)
+    plain = one_step(tmp_path, tiny_model, fixed_batch("sft"), "plain", algorithm="sft")
     recomputed = one_step(tmp_path, tiny_model, fixed_batch("sft"), "ckpt", algorithm="sft",
-                          kl_coef=0.0, activation_checkpointing=True)
+                          activation_checkpointing=True)
     assert_same_step(plain, recomputed, rtol=1e-6)
 
 
 def test_bfloat16_compute_keeps_float32_weights(tmp_path, tiny_model):
-    fp32 = one_step(tmp_path, tiny_model, fixed_batch("sft"), "fp32", algorithm="sft",
-                    kl_coef=0.0)
+    fp32 = one_step(tmp_path, tiny_model, fixed_batch("sft"), "fp32", algorithm="sft")
     bf16 = one_step(tmp_path, tiny_model, fixed_batch("sft"), "bf16", algorithm="sft",
-                    kl_coef=0.0, dtype="bfloat16")
+                    dtype="bfloat16")
     assert all(w.dtype == torch.float32 for w in bf16[0].values())
     assert bf16[2]["loss"] != fp32[2]["loss"]  # the forward really ran in bfloat16
     assert bf16[2]["loss"] == pytest.approx(fp32[2]["loss"], rel=2e-2)
@@ -148,7 +150,8 @@ def fsdp_worker(config_path: str, out: str) -> None:
 
 def test_fsdp_step_on_two_slurm_tasks_matches_one_process(tmp_path, tiny_model, slurm_env):
     config = write_config(tmp_path / "config.yaml", tiny_model,
-                          trainer={**TRAINER, "parallel": "fsdp", "micro_batch_tokens": 24})
+                          trainer={**TRAINER, "parallel": "fsdp", "micro_batch_tokens": 24},
+                          algorithm={"algorithm_type": "grpo", **KL})
     script = [sys.executable, __file__, "fsdp", str(config), str(tmp_path)]
     env = {**rank_env(0, 2, tmp_path / "rdzv"), **slurm_env}
     for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):  # the ranks come from Slurm

@@ -24,5 +24,5 @@ def validate(
     cfg = load_config(config, set_)
     typer.echo(
         f"OK: {config} (mode={cfg.mode}, {cfg.explorer.count} explorer(s), "
-        f"trainer {cfg.trainer.algorithm})"
+        f"trainer {cfg.algorithm.algorithm_type})"
     )

@@ -18,6 +18,7 @@ from pydantic import ValidationError
 
 from rft_hpc.config.errors import ConfigError, Problem
 from rft_hpc.config.explain import Key, describe, dotted, explain
+from rft_hpc.config.renamed import take_renamed
 from rft_hpc.config.schema import ExperimentConfig
 
 Check = Callable[[ExperimentConfig], Iterator[tuple[tuple[Key, ...], str]]]
@@ -34,14 +35,16 @@ def load_config(
     An empty file gives all defaults. Each override sets one dotted key (`trainer.lr=1e-5`)
     to a YAML value (`buffer.sampler={type: priority}`), creating the sections on its way.
     On any problem (missing or unreadable file, bad YAML, malformed override, unknown key,
-    wrong type or value, `model.path` that does not exist) raises `ConfigError` naming every
-    problem found, each with its key and line; never returns a partly valid config.
+    a setting's old name, wrong type or value, `model.path` that does not exist) raises
+    `ConfigError` naming every problem found, each with its key and line; never returns a
+    partly valid config.
     """
     path = Path(path)
     source = _Source(path, _read(path))
     problems = list(source.duplicate_keys())
     problems += [Problem(path, message, override=text)
                  for text, message in source.apply_overrides(overrides)]
+    problems += [source.problem(keys, message) for keys, message in take_renamed(source.data)]
     config, failed, invalid = _validate(source)
     problems += invalid
     problems += _run_checks(source, config, failed)
@@ -268,7 +271,7 @@ def _model_path_exists(config: ExperimentConfig) -> Iterator[tuple[tuple[Key, ..
 def _grpo_needs_groups(config: ExperimentConfig) -> Iterator[tuple[tuple[Key, ...], str]]:
     for index, (_, stage) in enumerate(config.stage_configs()):
         where: tuple[Key, ...] = ("stages", index) if config.stages else ()
-        algorithm = stage.trainer.algorithm
+        algorithm = stage.algorithm.algorithm_type
         if stage.mode == "both" and algorithm in ("grpo", "rloo", "opmd", "mix") \
                 and stage.explorer.repeat < 2:
             yield (*where, "explorer", "repeat"), (

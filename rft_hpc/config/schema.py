@@ -13,7 +13,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field, field_validator, model_validator
 
-from rft_hpc.config.algorithm import AlgorithmConfig, AlgorithmType, sync_algorithm_type
+from rft_hpc.config.algorithm import AlgorithmConfig
 from rft_hpc.config.buffer import BufferConfig
 from rft_hpc.config.launch import LaunchConfig
 from rft_hpc.config.pipeline import PipelineConfig
@@ -32,8 +32,6 @@ from rft_hpc.core.config_section import ConfigSection
 Mode = Literal["both", "train", "explore", "bench"]
 
 _RUN_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
-
-
 
 
 class RunConfig(ConfigSection):
@@ -141,10 +139,6 @@ class ExplorerConfig(ConfigSection):
 class TrainerConfig(TrainerBackendFields, ConfigSection):
     """The trainer: reads experiences from the buffer, updates and publishes the policy."""
 
-    algorithm: AlgorithmType = "grpo"
-    """Training algorithm: the same setting as `algorithm.algorithm_type` (give either one);
-    the `algorithm` section refines it."""
-
     lr: float = Field(1e-5, gt=0.0)
     """Learning rate of the optimizer."""
 
@@ -169,14 +163,6 @@ class TrainerConfig(TrainerBackendFields, ConfigSection):
 
     weight_decay: float = Field(0.0, ge=0.0)
     """AdamW weight decay."""
-
-    clip_ratio: float = Field(0.2, gt=0.0)
-    """Clip range of the policy ratio (1 - clip, 1 + clip) of the PPO-style losses (ppo,
-    mix); `algorithm.policy_loss_fn_args.clip_range` overrides it."""
-
-    kl_coef: float = Field(0.0, ge=0.0)
-    """Shorthand for a k3 KL term to the starting (reference) policy in the loss, with this
-    weight; 0 = none. `algorithm.kl_loss_fn` and its `kl_coef` override it."""
 
     threads: int = Field(1, ge=1)
     """CPU threads of the trainer process (torch intra-op threads)."""
@@ -244,7 +230,7 @@ class StageConfig(ConfigSection):
 
     algorithm: AlgorithmConfig | None = None
     """Algorithm settings that differ from the base config's (only the keys given; naming
-    `algorithm_type`, or `trainer.algorithm`, replaces the base's whole section)."""
+    `algorithm_type` replaces the base's whole section)."""
 
     explorer: ExplorerConfig | None = None
     """Explorer settings that differ from the base config's (only the keys given)."""
@@ -263,11 +249,6 @@ class StageConfig(ConfigSection):
 
     pipeline: PipelineConfig | None = None
     """Data-pipeline settings that differ from the base config's (only the keys given)."""
-
-    @model_validator(mode="before")
-    @classmethod
-    def _same_algorithm(cls, data: Any) -> Any:
-        return sync_algorithm_type(data)
 
 
 class ExperimentConfig(ConfigSection):
@@ -349,8 +330,7 @@ class ExperimentConfig(ConfigSection):
         """A section left empty in YAML (`trainer:` with nothing under it) takes its defaults."""
         if not isinstance(data, dict):
             return data
-        return sync_algorithm_type({k: v for k, v in data.items()
-                                    if not (v is None and k in _SECTIONS)})
+        return {k: v for k, v in data.items() if not (v is None and k in _SECTIONS)}
 
 
 def _replaces(changes: dict[str, Any]) -> bool:

@@ -1,8 +1,8 @@
 """The algorithm a trainer runs, resolved from the config: presets, plug-ins, defaults.
 
-`AlgorithmPlan.of(config)` turns the `algorithm` section (and the `trainer` shorthands
-`clip_ratio`, `kl_coef`) into the functions and keyword arguments each step calls, so a typo
-in a function name or an argument fails when the trainer starts, not at its first step.
+`AlgorithmPlan.of(config)` turns the `algorithm` section into the functions and keyword
+arguments each step calls, so a typo in a function name or an argument fails when the
+trainer starts, not at its first step.
 """
 
 from __future__ import annotations
@@ -65,7 +65,7 @@ class AlgorithmPlan:
     def of(cls, config: ExperimentConfig) -> AlgorithmPlan:
         """Resolve the algorithm of `config` (raises `UserError` for unknown names or
         arguments the chosen functions do not take)."""
-        alg, tcfg = config.algorithm, config.trainer
+        alg = config.algorithm
         adv_name, loss_name = PRESETS[alg.algorithm_type]
         if alg.algorithm_type not in ("sft", "dpo") and alg.advantage_fn is not None:
             adv_name = alg.advantage_fn
@@ -75,19 +75,14 @@ class AlgorithmPlan:
             _check_args(resolve_advantage(adv_name), adv_args, "advantage_fn", skip=1)
         loss_fn = resolve_policy_loss(loss_name)
         loss_args = dict(alg.policy_loss_fn_args)
-        accepted = _parameters(loss_fn)
-        if "clip_range" in accepted:
-            loss_args.setdefault("clip_range", tcfg.clip_ratio)
-        if "loss_agg_mode" in accepted:
-            loss_args.setdefault("loss_agg_mode", alg.loss_agg_mode)
+        if "loss_agg_mode" in _parameters(loss_fn):
+            loss_args["loss_agg_mode"] = alg.loss_agg_mode
         _check_args(loss_fn, loss_args, "policy_loss_fn", skip=1)
         kl_loss, kl_loss_coef = None, 0.0
         if alg.kl_loss_fn != "none":
             kl_loss = alg.kl_loss_fn
             kl_loss_coef = _coef(alg.kl_loss_fn_args, "kl_loss_fn_args", "kl_coef",
-                                 tcfg.kl_coef or DEFAULT_KL_COEF)
-        elif tcfg.kl_coef > 0:
-            kl_loss, kl_loss_coef = "k3", tcfg.kl_coef
+                                 DEFAULT_KL_COEF)
         kl_penalty, kl_penalty_coef = None, 0.0
         if alg.kl_penalty_fn != "none":
             kl_penalty = alg.kl_penalty_fn
@@ -106,7 +101,7 @@ class AlgorithmPlan:
                    loss_agg_mode=alg.loss_agg_mode, kl_penalty=kl_penalty,
                    kl_penalty_coef=kl_penalty_coef, kl_loss=kl_loss, kl_loss_coef=kl_loss_coef,
                    entropy_coef=entropy,
-                   critic_lr=(alg.critic_lr or tcfg.lr) if critic else None,
+                   critic_lr=(alg.critic_lr or config.trainer.lr) if critic else None,
                    cliprange_value=alg.cliprange_value)
 
 
