@@ -22,6 +22,24 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
     check_needs(item)
 
 
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """The first test that uses the local Slurm cluster also starts it (a session fixture):
+    its timeout grows by the longest that a start may take."""
+    from slurm_cluster import JOIN_BOUND_S
+
+    first = next((item for item in items if "slurm_env" in item.fixturenames), None)
+    if first is None:
+        return
+    marker = first.get_closest_marker("timeout")
+    own = (marker.kwargs.get("timeout", marker.args[0] if marker.args else None)
+           if marker else None)
+    if own is None:
+        own = (config.getoption("timeout", None) or os.environ.get("PYTEST_TIMEOUT")
+               or config.getini("timeout"))
+    if own and float(own) > 0:  # 0: timeouts are off
+        first.add_marker(pytest.mark.timeout(float(own) + JOIN_BOUND_S))
+
+
 @pytest.fixture
 def buffer_dir(tmp_path: Path) -> Path:
     """An empty buffer folder (with its FORMAT marker)."""

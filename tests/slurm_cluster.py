@@ -48,6 +48,13 @@ class ClusterError(RuntimeError):
 
 _cluster: dict[str, str] | ClusterError | None = None
 
+# Bounds on the script's steps when a session joins. Generous for `start`: on a fresh machine
+# it installs the Debian packages (~30 s).
+QUERY_TIMEOUT_S = 60
+START_TIMEOUT_S = 600
+JOIN_BOUND_S = 2 * QUERY_TIMEOUT_S + START_TIMEOUT_S
+"""The longest that `ensure_cluster` can take (env, status, start)."""
+
 
 def _script(*args: str, timeout: float) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
@@ -80,15 +87,14 @@ _STARTED_MARK = "started-for-tests"
 
 
 def _join() -> dict[str, str] | ClusterError:
-    env = _script("env", timeout=60)
+    env = _script("env", timeout=QUERY_TIMEOUT_S)
     variables = _parse_exports(env.stdout)
     if "SLURM_CONF" not in variables or "RFT_SLURM_DIR" not in variables:
         return ClusterError(f"tools/local-slurm.sh env gave no SLURM_CONF:\n{env.stdout}")
     state = Path(variables["RFT_SLURM_DIR"])
     with _sessions_lock(state):
-        if _script("status", timeout=60).returncode != 0:
-            # Generous: on a fresh machine this installs the Debian packages (~30 s).
-            started = _script("start", timeout=600)
+        if _script("status", timeout=QUERY_TIMEOUT_S).returncode != 0:
+            started = _script("start", timeout=START_TIMEOUT_S)
             if started.returncode != 0:
                 return ClusterError(
                     f"tools/local-slurm.sh start failed (exit {started.returncode}):\n"
