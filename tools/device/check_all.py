@@ -1,6 +1,6 @@
 """Every device check of rft-hpc in one call: install, run each with its own time limit, one JSON.
 
-    python3 tools/device/check_all.py [--cpu] [--only a,b] [--budget 520] [--list]
+    python3 tools/device/check_all.py [--cpu] [--only a,b] [--budget 520] [--limit a=60] [--list]
     python3 tools/device/check_all.py --fetch-wheels      # here, before a device call
 
 On a bare GPU machine (nothing reachable from it) it first makes rft-hpc importable: the
@@ -86,6 +86,18 @@ versions installed here. vLLM is not among them: its CUDA wheel is far over the 
 tool's 64 MiB carry limit, and it is built against one torch version, not the image's."""
 
 TAIL_LINES = 15
+MIN_START_S = 10  # a check is not started with less of the budget left
+
+
+def _limit(text: str) -> tuple[str, float]:
+    name, sep, seconds = text.partition("=")
+    try:
+        if sep and name in {c.name for c in CHECKS} and float(seconds) > 0:
+            return name, float(seconds)
+    except ValueError:
+        pass
+    raise argparse.ArgumentTypeError(f"{text!r}: give CHECK=SECONDS, CHECK one of "
+                                     f"{', '.join(c.name for c in CHECKS)}")
 
 
 def _norm(name: str) -> str:
@@ -152,6 +164,17 @@ def child_env(cpu: bool) -> dict[str, str]:
     return env
 
 
+def compact(value):
+    """`value` with every float rounded to 4 significant digits (a readable summary)."""
+    if isinstance(value, float):
+        return float(f"{value:.4g}")
+    if isinstance(value, dict):
+        return {k: compact(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [compact(v) for v in value]
+    return value
+
+
 def last_result(stdout: str) -> dict | None:
     """The check's last `RESULT {json}` line, parsed; None when there is none."""
     for line in reversed(stdout.splitlines()):
@@ -182,7 +205,8 @@ def run_check(check: Check, timeout: float, env: dict[str, str], missing: set[st
     seconds = round(time.perf_counter() - t0, 1)
     log.append(f"===== {check.name}: {' '.join(cmd)} (exit {proc.returncode}, {seconds} s)\n"
                f"{out}")
-    entry: dict = {"status": "failed", "seconds": seconds, "command": " ".join(cmd[1:])}
+    entry: dict = {"status": "failed", "seconds": seconds,
+                   "command": " ".join([str(Path(cmd[1]).relative_to(REPO)), *cmd[2:]])}
     result = last_result(out)
     if timed_out:
         entry["error"] = f"timed out after {timeout:.0f} s (its limit); killed"
@@ -195,7 +219,8 @@ def run_check(check: Check, timeout: float, env: dict[str, str], missing: set[st
     else:
         entry["error"] = f"exit {proc.returncode}, checks failed"
     if result is not None:
-        entry["figures"] = {k: v for k, v in result.items() if k not in ("ok", "skipped")}
+        entry["figures"] = compact({k: v for k, v in result.items()
+                                    if k not in ("ok", "skipped")})
     if entry["status"] == "failed":
         entry["tail"] = out.splitlines()[-TAIL_LINES:]
     return entry
@@ -223,8 +248,10 @@ def run_all(args: argparse.Namespace) -> dict:
     selected = [c for c in CHECKS if not args.only or c.name in args.only]
     checks: dict[str, dict] = {}
     log: list[str] = []
+    limits = dict(args.limit)
     for check in selected:
         left = args.budget - (time.perf_counter() - t_start)
+        limit = min(limits.get(check.name, check.timeout_s), left)
         core = () if check.bare else (*CORE_MODULES, "rft_hpc")
         lacks = sorted(m for m in {*core, *check.needs} if m in missing)
         if cpu and check.cuda_only:
@@ -233,14 +260,12 @@ def run_all(args: argparse.Namespace) -> dict:
         elif lacks:
             checks[check.name] = {"status": "skipped", "seconds": 0,
                                   "reason": f"missing on this machine: {', '.join(lacks)}"}
-        elif left < 10:
+        elif left < MIN_START_S:
             checks[check.name] = {"status": "skipped", "seconds": 0,
                                   "reason": f"the call's budget ({args.budget} s) is spent"}
         else:
-            print(f"[check_all] {check.name} (limit {min(check.timeout_s, left):.0f} s)",
-                  flush=True)
-            checks[check.name] = run_check(check, min(check.timeout_s, left), env, missing,
-                                           log)
+            print(f"[check_all] {check.name} (limit {limit:.0f} s)", flush=True)
+            checks[check.name] = run_check(check, limit, env, missing, log)
         print(f"[check_all] {check.name}: {checks[check.name]['status']} "
               f"({checks[check.name]['seconds']} s)", flush=True)
     summary["checks"] = checks
@@ -294,6 +319,8 @@ def main() -> int:
                     help="comma-separated check names (see --list)")
     ap.add_argument("--budget", type=float, default=520,
                     help="seconds for the whole call, install included [520]")
+    ap.add_argument("--limit", type=_limit, action="append", default=[],
+                    metavar="CHECK=SECONDS", help="another time limit for one check")
     ap.add_argument("--list", action="store_true", help="print the checks and exit")
     ap.add_argument("--fetch-wheels", action="store_true",
                     help="download the wheels the device lacks into tools/device/wheels")

@@ -41,7 +41,8 @@ def torch_figures() -> dict:
         return out
     out["gpu"] = torch.cuda.get_device_name()
     out["capability"] = ".".join(map(str, torch.cuda.get_device_capability()))
-    out["nccl"] = ".".join(map(str, torch.cuda.nccl.version()))
+    v = torch.cuda.nccl.version()
+    out["nccl"] = ".".join(map(str, v)) if isinstance(v, tuple) else str(v)
     n = 4096
     a = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
     b = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)

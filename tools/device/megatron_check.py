@@ -160,8 +160,10 @@ def trainer_part(model_dir: Path, tmp: Path, tol: float) -> dict:
         path = tmp / f"{backend}.yaml"
         path.write_text(yaml.safe_dump({
             "run": {"root": str(tmp), "seed": 0}, "model": {"path": str(model_dir)},
-            "trainer": {"algorithm": "grpo", "lr": 1e-3, "batch_size": 8, "kl_coef": 0.05,
-                        "backend": backend, "dtype": "float32"}}))
+            "algorithm": {"algorithm_type": "grpo", "kl_loss_fn": "k3",
+                          "kl_loss_fn_args": {"kl_coef": 0.05}},
+            "trainer": {"lr": 1e-3, "batch_size": 8, "backend": backend,
+                        "dtype": "float32"}}))
         trainer = Trainer(load_config(path))
         values = trainer.step(Batch(records=list(records), weights=[1.0] * 8, uses=[0] * 8))
         out[backend] = (values, trainer.full_state_dict(), str(trainer.device))

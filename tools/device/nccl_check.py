@@ -29,6 +29,12 @@ import torch.distributed as dist
 PAIR_TIMEOUT_S = 45
 
 
+def nccl_version() -> str:
+    """The NCCL version torch was built with ("2.27.3")."""
+    v = torch.cuda.nccl.version()
+    return ".".join(map(str, v)) if isinstance(v, tuple) else str(v)
+
+
 def one_rank(size_mb: int, init: str) -> dict:
     """Part 1 in this process."""
     torch.cuda.set_device(0)
@@ -104,7 +110,7 @@ def main() -> int:
         print("RESULT " + json.dumps({"skipped": "no CUDA GPU"}))
         return 0
     result: dict = {"gpus": torch.cuda.device_count(),
-                    "nccl": ".".join(map(str, torch.cuda.nccl.version()))}
+                    "nccl": nccl_version()}
     with tempfile.TemporaryDirectory() as tmp:
         result.update(one_rank(args.size_mb, f"file://{Path(tmp) / 'one'}"))
         result["two_ranks_one_gpu"] = pair((0, 0), Path(tmp))
