@@ -9,14 +9,15 @@ import torch
 from rft_hpc.batch.logprobs import token_logprobs
 from rft_hpc.batch.tokens import collate
 from rft_hpc.config import load_config
+from rft_hpc.config.pipeline import ShuffleSelector
 from rft_hpc.core.errors import UserError
 from rft_hpc.engines.hf import HFEngine
 from rft_hpc.explorer.role import required_version
 from rft_hpc.explorer.workflow import SamplingSettings, explore_tasks
+from rft_hpc.pipeline.stream import MixedTaskStream, TaskSet
 from rft_hpc.run.stages import create_run
 from rft_hpc.tasks.arithmetic import arithmetic_tasks
 from rft_hpc.tasks.rewards import resolve_reward
-from rft_hpc.tasks.stream import TaskStream
 from rft_hpc.tasks.task import Task, load_task_file
 
 
@@ -33,10 +34,12 @@ def test_arithmetic_split_is_seeded_and_disjoint():
 
 def test_task_stream_is_deterministic_and_covers_an_epoch_without_repeats():
     tasks = [Task(f"t{i}", f"p{i}", str(i)) for i in range(24)]
-    stream = TaskStream(tasks, seed=1, explorers=2, tasks_per_step=3)
+    stream = MixedTaskStream([TaskSet("t", 1.0, tasks, ShuffleSelector())], seed=1,
+                             explorers=2, tasks_per_step=3)
     epoch = [t.task_id for s in range(4) for e in range(2) for t in stream.tasks_for(s, e)]
     assert sorted(epoch) == sorted(t.task_id for t in tasks)
-    again = TaskStream(tasks, seed=1, explorers=2, tasks_per_step=3)
+    again = MixedTaskStream([TaskSet("t", 1.0, tasks, ShuffleSelector())], seed=1,
+                            explorers=2, tasks_per_step=3)
     assert again.tasks_for(7, 1) == stream.tasks_for(7, 1)  # a restart redoes the same step
 
 

@@ -5,6 +5,7 @@ import json
 
 import numpy as np
 import pytest
+from helpers.task_stream import TaskStream
 
 from rft_hpc.buffer.reader import Batch
 from rft_hpc.buffer.records import Experience, SFTSample
@@ -31,7 +32,6 @@ from rft_hpc.pipeline.stream import MixedTaskStream, TaskSet, build_task_stream,
 from rft_hpc.pipeline.task_stats import TaskStats
 from rft_hpc.tasks.arithmetic import difficulty
 from rft_hpc.tasks.source import build_tasks
-from rft_hpc.tasks.stream import TaskStream
 from rft_hpc.tasks.task import Task
 
 

@@ -7,12 +7,12 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
+from helpers.heldout import heldout_dpo_loss, heldout_sft_loss
 
 from rft_hpc.buffer.offline import task_records
 from rft_hpc.buffer.reader import Batch
 from rft_hpc.buffer.records import Experience
 from rft_hpc.config import load_config
-from rft_hpc.eval.heldout import heldout_dpo_loss, heldout_sft_loss
 from rft_hpc.tasks.source import build_tasks
 from rft_hpc.trainer.algorithm import AlgorithmPlan
 from rft_hpc.trainer.checkpoint import load_trainer_state, save_trainer_state

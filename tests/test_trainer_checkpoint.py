@@ -10,13 +10,13 @@ import numpy as np
 import pytest
 import torch
 
+from rft_hpc.algorithms.aggregation import masked_mean
 from rft_hpc.batch.logprobs import token_logprobs
 from rft_hpc.batch.tokens import collate
 from rft_hpc.buffer.records import SFTSample
 from rft_hpc.models.tiny import init_tiny_model
 from rft_hpc.sync.storage import wait_for_deletions
 from rft_hpc.trainer.checkpoint import CheckpointError, load_trainer_state, save_trainer_state
-from rft_hpc.trainer.losses import sft_loss
 
 
 @pytest.fixture(scope="module")
@@ -39,7 +39,7 @@ def train_step(model, optimizer, scheduler) -> float:
     records = [SFTSample(tokens=torch.randint(3, 20, (length + random.randint(0, 3),)).numpy(),
                          prompt_length=2) for _ in range(4)]
     batch = collate(records)
-    loss = sft_loss(token_logprobs(model, batch), batch.loss_mask)
+    loss = masked_mean(-token_logprobs(model, batch), batch.loss_mask)  # SFT's loss
     optimizer.zero_grad()
     loss.backward()
     optimizer.step()

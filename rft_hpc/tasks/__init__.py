@@ -1,1 +1,1 @@
-"""Tasks, task sets, the deterministic task stream, and reward functions."""
+"""Tasks: generated arithmetic and JSONL task files, and reward functions."""
