@@ -85,6 +85,8 @@ DEVICE_WHEELS = ("pydantic", "pydantic-core", "typing-inspection", "annotated-ty
 versions installed here. vLLM is not among them: its CUDA wheel is far over the device
 tool's 64 MiB carry limit, and it is built against one torch version, not the image's."""
 
+WHY_ABSENT = {"vllm": "vllm is not on the device image, and its CUDA wheel cannot travel: far "
+                       "over the device tool's 64 MiB carry limit, built for one torch version"}
 TAIL_LINES = 15
 MIN_START_S = 10  # a check is not started with less of the budget left
 
@@ -258,8 +260,10 @@ def run_all(args: argparse.Namespace) -> dict:
             checks[check.name] = {"status": "skipped", "seconds": 0,
                                   "reason": f"needs CUDA ({check.cuda_only})"}
         elif lacks:
+            why = "; ".join(WHY_ABSENT[m] for m in lacks if m in WHY_ABSENT)
             checks[check.name] = {"status": "skipped", "seconds": 0,
-                                  "reason": f"missing on this machine: {', '.join(lacks)}"}
+                                  "reason": f"missing on this machine: {', '.join(lacks)}"
+                                  + (f" ({why})" if why else "")}
         elif left < MIN_START_S:
             checks[check.name] = {"status": "skipped", "seconds": 0,
                                   "reason": f"the call's budget ({args.budget} s) is spent"}
