@@ -1,4 +1,4 @@
-"""FSDP2 over the trainer's ranks (`trainer.parallel: fsdp`), and what differs under it.
+"""FSDP2 over the trainer's ranks (`trainer.parallel: fsdp`): `FSDPBackend`, and its helpers.
 
 `shard_model` applies `torch.distributed.fsdp.fully_shard` to every transformer layer and to
 the whole model: each rank keeps 1/N of every parameter, gradient and optimizer state; the
@@ -7,13 +7,16 @@ the ranks (divide factor 1), as the data-parallel path sums them, because each r
 already its share of the whole batch's loss. Runs on gloo (CPUs) and NCCL alike.
 
 Every forward and backward is a collective under FSDP: all ranks run the same number of
-micro-batches (`idle_pass` fills in on a rank with fewer), and the full weights exist only
+micro-batches (an idle pass fills in on a rank with fewer), and the full weights exist only
 when gathered (`full_model_state`, a collective, complete on rank 0 only), which is what the
 trainer publishes and checkpoints, so the weight and checkpoint formats do not change.
+Rank 0 evaluates on a whole replica it builds once and loads the gathered weights into.
+Everything else is `TorchBackend`'s (the reference and the critic stay whole replicas).
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import torch
@@ -27,7 +30,10 @@ from torch.distributed.checkpoint.state_dict import (
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 
+from rft_hpc.config import ExperimentConfig
+from rft_hpc.engines.hf import HFEngine
 from rft_hpc.trainer.distributed import DistContext
+from rft_hpc.trainer.torch_backend import TorchBackend, whole_replica
 
 _FULL = StateDictOptions(full_state_dict=True, cpu_offload=True)
 
@@ -78,14 +84,6 @@ def full_optimizer_state(model: torch.nn.Module, optimizer: torch.optim.Optimize
     return get_optimizer_state_dict(model, optimizer, options=_FULL)
 
 
-def idle_pass(model: torch.nn.Module, device: torch.device, token: int) -> None:
-    """A forward and backward of one token with a zero loss: a rank with no micro-batch left
-    takes part in the others' gathers and reductions, adding nothing to the gradients."""
-    ids = torch.tensor([[token]], device=device)
-    logits = model(input_ids=ids, attention_mask=torch.ones_like(ids), use_cache=False).logits
-    (logits.float().sum() * 0.0).backward()
-
-
 class FullState:
     """A sharded model (and optimizer) as the checkpoint functions see a plain one: its
     `state_dict()` is the full state gathered beforehand (so only rank 0, which writes,
@@ -109,3 +107,48 @@ class FullState:
             set_model_state_dict(self.model, state, options=options)
         else:
             set_optimizer_state_dict(self.model, self.optimizer, state, options=options)
+
+
+class FSDPBackend(TorchBackend):
+    """`TorchBackend` with the replica sharded by FSDP2 (see the module doc)."""
+
+    name = "fsdp"
+    sharded = True
+
+    def __init__(self, config: ExperimentConfig, dist: DistContext) -> None:
+        super().__init__(config, dist)
+        self.rank0_forward = False  # a forward is a collective of every rank
+        self._eval: HFEngine | None = None
+
+    def distribute(self) -> None:
+        """Shard the policy in place (its compute dtype as FSDP2's mixed precision)."""
+        dtype = self.compute_dtype
+        shard_model(self.model, self.dist, None if dtype == torch.float32 else dtype)
+
+    def logits(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        """The policy's float32 logits (FSDP2 gathers the weights in the compute dtype)."""
+        return self.model(input_ids=input_ids, attention_mask=attention_mask,
+                          use_cache=False).logits.float()
+
+    def reduce_gradients(self) -> None:
+        """Nothing: FSDP2 sums the gradients over the ranks in the backward pass."""
+
+    def full_state(self) -> dict[str, torch.Tensor]:
+        """`full_model_state`: a collective, complete on rank 0."""
+        return full_model_state(self.model)
+
+    def checkpoint_parts(self, optimizer: torch.optim.Optimizer) -> tuple[Any, Any]:
+        """Both full states gathered (a collective) into `FullState` views."""
+        return (FullState(self.model, None, full_model_state(self.model)),
+                FullState(self.model, optimizer, full_optimizer_state(self.model, optimizer)))
+
+    def restore_parts(self, optimizer: torch.optim.Optimizer) -> tuple[Any, Any]:
+        """`FullState` views that load a full state into this rank's shards."""
+        return FullState(self.model, None), FullState(self.model, optimizer)
+
+    def eval_engine(self, weights: Mapping[str, torch.Tensor] | None) -> HFEngine:
+        """Rank 0's whole replica (built at the first call) with `weights` loaded."""
+        if self._eval is None:
+            self._eval = whole_replica(self.config, self.device)
+        self._eval.model.load_state_dict(weights)
+        return self._eval

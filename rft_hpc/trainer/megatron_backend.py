@@ -1,14 +1,15 @@
-"""The Megatron-core backend of the trainer (`trainer.backend: megatron`), and what differs.
+"""The Megatron-core backend of the trainer (`trainer.backend: megatron`): `MegatronBackend`.
 
 The trainer's ranks form megatron-core's tensor-parallel groups (`parallel_state`); each rank
 holds a `MegatronPolicy` (its GPTModel shard, HF-style forward: `rft_hpc.megatron.policy`),
 built from the HF model folder (and the stage's start weights) by conversion and sharding.
-Everything else of a step is the torch backend's: rank 0 prepares the batch and splits it
-over the data-parallel replicas (ranks // TP; megatron-core's rank order puts a TP group on
-consecutive ranks), every rank of a TP group receives the same rows and computes the same
-loss from the gathered logits, and the backward runs through megatron-core's TP layers;
-with data parallelism the gradients are then summed over the data-parallel group (the ranks
-with the same TP rank), as the torch backend sums them over all ranks. What changes:
+Everything else of a step is the trainer loop's, as for the torch backend: rank 0 prepares
+the batch and splits it over the data-parallel replicas (ranks // TP; megatron-core's rank
+order puts a TP group on consecutive ranks), every rank of a TP group receives the same
+rows and computes the same loss from the gathered logits, and the backward runs through
+megatron-core's TP layers; with data parallelism the gradients are then summed over the
+data-parallel group (the ranks with the same TP rank), as the torch backend sums them over
+all ranks. What changes:
 
 - the gradient norm for clipping is over the full model: TP-cut weights' squared norms are
   summed over the TP group, replicated ones (norms) counted once (`clip_grad_norm`);
@@ -28,6 +29,7 @@ multiple of `tensor_parallel`, a critic (PPO/GAE), a KL penalty in the reward at
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from typing import Any
 
 import torch
@@ -35,10 +37,12 @@ import torch.distributed as dist
 
 from rft_hpc.config import ExperimentConfig
 from rft_hpc.core.errors import UserError
+from rft_hpc.engines.hf import HFEngine
 from rft_hpc.megatron.shards import tp_cut
 from rft_hpc.trainer.algorithm import AlgorithmPlan
 from rft_hpc.trainer.distributed import DistContext, all_reduce_gradients
 from rft_hpc.trainer.fsdp import FullState
+from rft_hpc.trainer.torch_backend import idle_pass, whole_replica
 
 _MOMENTS = ("exp_avg", "exp_avg_sq")
 
@@ -108,25 +112,6 @@ def setup_model_parallel(config: ExperimentConfig, ctx: DistContext) -> torch.de
     return device
 
 
-def build(hf_model: torch.nn.Module, config: ExperimentConfig, device: torch.device,
-          frozen: bool = False) -> Any:
-    """This rank's `MegatronPolicy` with `hf_model`'s weights; `frozen`: a reference copy
-    (eval mode, no gradients). `trainer.activation_checkpointing` is megatron-core's
-    recomputation of every layer."""
-    from rft_hpc.megatron.policy import build_policy
-
-    mcfg = config.trainer.megatron
-    policy = build_policy(hf_model, tensor_parallel=mcfg.tensor_parallel,
-                          pipeline_parallel=mcfg.pipeline_parallel,
-                          divisible_by=mcfg.make_vocab_size_divisible_by, device=device,
-                          recompute=config.trainer.activation_checkpointing and not frozen)
-    if frozen:
-        policy.eval()
-        for p in policy.parameters():
-            p.requires_grad_(False)
-    return policy
-
-
 def clip_grad_norm(policy: Any, max_norm: float) -> float:
     """Scale the gradients so the full model's gradient norm is at most `max_norm` (as
     `torch.nn.utils.clip_grad_norm_` on the whole model); returns the norm before. A
@@ -153,15 +138,6 @@ def clip_grad_norm(policy: Any, max_norm: float) -> float:
         for g in grads.values():
             g.mul_(coef)
     return total if math.isfinite(total) else float("nan")
-
-
-def reduce_gradients(policy: Any, ctx: DistContext) -> None:
-    """Sum the gradients over the data-parallel group (a collective of every rank; nothing
-    without data parallelism)."""
-    from megatron.core import parallel_state as ps
-
-    if ps.get_data_parallel_world_size() > 1:
-        all_reduce_gradients(policy.parameters(), ctx, group=ps.get_data_parallel_group())
 
 
 def full_optimizer_state(policy: Any, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
@@ -215,9 +191,103 @@ class MegatronState(FullState):
             load_optimizer_state(self.model, self.optimizer, state)
 
 
-def checkpoint_parts(policy: Any, optimizer: torch.optim.Optimizer
-                     ) -> tuple[MegatronState, MegatronState]:
-    """(model, optimizer) views for `save_trainer_state`: a collective of every rank that
-    gathers both full states (complete on rank 0, which saves)."""
-    return (MegatronState(policy, None, policy.hf_state()),
-            MegatronState(policy, optimizer, full_optimizer_state(policy, optimizer)))
+class MegatronBackend:
+    """This rank's `MegatronPolicy` (see the module doc); only rank 0 keeps the HF model
+    (on its device, to evaluate), the others drop it once they have built their shard."""
+
+    name = "megatron"
+    sharded = True
+    model: Any  # MegatronPolicy
+
+    def __init__(self, config: ExperimentConfig, ctx: DistContext) -> None:
+        self.config, self.dist = config, ctx
+        self.device = setup_model_parallel(config, ctx)
+        # megatron-core's layers do not run under autocast: the weights' dtype
+        self.compute_dtype: torch.dtype = getattr(torch, config.model.dtype)
+        self.model_parallel = config.trainer.megatron.tensor_parallel
+        self.rank0_forward = not ctx.distributed or self.model_parallel == 1
+        self._eval: HFEngine | None = None
+
+    def place(self, hf_model: torch.nn.Module) -> None:
+        """Only rank 0 moves the HF model to its device (its evaluation replica)."""
+        if self.device.type != "cpu" and self.dist.is_main:
+            hf_model.to(self.device)
+
+    def build(self, engine: HFEngine, reference: bool) -> torch.nn.Module | None:
+        """Every rank converts the same HF model into its shard (no broadcast); the
+        reference is a second, frozen shard. Ranks other than 0 drop the HF model."""
+        hf_model = engine.model
+        self.model = self._policy(hf_model)
+        self._eval = engine if self.dist.is_main else None
+        self.model.train()
+        ref = self._policy(hf_model, frozen=True) if reference else None
+        if not self.dist.is_main:
+            engine.model = None  # its shard is all a rank trains; rank 0 alone evaluates
+        return ref
+
+    def _policy(self, hf_model: torch.nn.Module, frozen: bool = False) -> Any:
+        """This rank's `MegatronPolicy` with `hf_model`'s weights; `frozen`: a reference
+        copy (eval mode, no gradients). `trainer.activation_checkpointing` is megatron-
+        core's recomputation of every layer."""
+        from rft_hpc.megatron.policy import build_policy
+
+        mcfg = self.config.trainer.megatron
+        policy = build_policy(hf_model, tensor_parallel=mcfg.tensor_parallel,
+                              pipeline_parallel=mcfg.pipeline_parallel,
+                              divisible_by=mcfg.make_vocab_size_divisible_by,
+                              device=self.device,
+                              recompute=self.config.trainer.activation_checkpointing
+                              and not frozen)
+        if frozen:
+            policy.eval()
+            for p in policy.parameters():
+                p.requires_grad_(False)
+        return policy
+
+    def distribute(self) -> None:
+        """Nothing: `build` made this rank's shard."""
+
+    def logits(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        """The full vocabulary's float32 logits (gathered over the TP group)."""
+        return self.model(input_ids=input_ids, attention_mask=attention_mask,
+                          use_cache=False).logits.float()
+
+    def idle_pass(self, pad_id: int) -> None:
+        """A zero-loss pass of one token (`torch_backend.idle_pass`)."""
+        idle_pass(self.model, self.device, pad_id)
+
+    def reduce_gradients(self) -> None:
+        """Sum the gradients over the data-parallel group (a collective of every rank;
+        nothing without data parallelism)."""
+        from megatron.core import parallel_state as ps
+
+        if ps.get_data_parallel_world_size() > 1:
+            all_reduce_gradients(self.model.parameters(), self.dist,
+                                 group=ps.get_data_parallel_group())
+
+    def clip_gradients(self, max_norm: float) -> float:
+        """`clip_grad_norm`: over the full model, not this shard."""
+        return clip_grad_norm(self.model, max_norm)
+
+    def full_state(self) -> dict[str, torch.Tensor]:
+        """The HF state dict gathered from the shards (a collective, complete on rank 0)."""
+        return self.model.hf_state()
+
+    def checkpoint_parts(self, optimizer: torch.optim.Optimizer
+                         ) -> tuple[MegatronState, MegatronState]:
+        """Views of both full states, gathered (a collective, complete on rank 0)."""
+        return (MegatronState(self.model, None, self.model.hf_state()),
+                MegatronState(self.model, optimizer, full_optimizer_state(self.model,
+                                                                          optimizer)))
+
+    def restore_parts(self, optimizer: torch.optim.Optimizer
+                      ) -> tuple[MegatronState, MegatronState]:
+        """Views that load a full state into this rank's shards."""
+        return MegatronState(self.model, None), MegatronState(self.model, optimizer)
+
+    def eval_engine(self, weights: Mapping[str, torch.Tensor] | None) -> HFEngine:
+        """Rank 0's HF model (kept from `build`) with the gathered `weights` loaded."""
+        if self._eval is None:
+            self._eval = whole_replica(self.config, self.device)
+        self._eval.model.load_state_dict(weights)
+        return self._eval

@@ -1,5 +1,9 @@
 """The policy being trained: model, optimizer, loss; `Trainer.step` is one update.
 
+One loop for every training engine: what differs between them (how the model is held over
+the ranks, its forward, the gradient reduction and clipping, the gathered states) is the
+`TrainerBackend` that `build_backend` picks (`rft_hpc.trainer.backend`, docs/trainer.md).
+
 The algorithm comes from the config (`AlgorithmPlan`): advantages, policy loss, KL in the
 reward or the loss against a frozen copy of the starting policy, entropy bonus, and for PPO
 a critic with its own optimizer. Every step, rank 0 computes what needs the whole batch
@@ -11,7 +15,6 @@ step.
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import hashlib
 import json
@@ -35,8 +38,8 @@ from rft_hpc.config import ExperimentConfig
 from rft_hpc.engines.hf import HFEngine, load_policy
 from rft_hpc.eval.accuracy import exact_match_accuracy
 from rft_hpc.sync.checkpoint import load_start_weights
-from rft_hpc.trainer import megatron_backend
 from rft_hpc.trainer.algorithm import AlgorithmPlan
+from rft_hpc.trainer.backend import build_backend
 from rft_hpc.trainer.distributed import (
     DistContext,
     Shard,
@@ -44,13 +47,6 @@ from rft_hpc.trainer.distributed import (
     all_reduce_gradients,
     broadcast_parameters,
     scatter_objects,
-)
-from rft_hpc.trainer.fsdp import (
-    FullState,
-    full_model_state,
-    full_optimizer_state,
-    idle_pass,
-    shard_model,
 )
 from rft_hpc.trainer.micro import drop_oversized, pack, sub_shard
 from rft_hpc.trainer.prepare import BatchPreparer, collate_for, expert_rows, old_logprobs
@@ -77,11 +73,11 @@ def config_hash(config: ExperimentConfig) -> str:
 class Trainer:
     """Model, optimizer and loss of one stage; `step(batch)` is one policy update.
 
-    With a `DistContext` of several ranks `step` is a collective (see `step`): every
-    rank holds a full replica on its device (`trainer.parallel: ddp`) or its shard of the
-    model (`fsdp`); either way the ranks start from rank 0's weights. With
-    `trainer.backend: megatron` `model` is this rank's `MegatronPolicy` (a GPTModel shard
-    with an HF-style forward, `rft_hpc.trainer.megatron_backend`).
+    With a `DistContext` of several ranks `step` is a collective (see `step`). How the
+    ranks hold the policy is `backend`'s (`trainer.backend`, `trainer.parallel`): a whole
+    replica on every rank (ddp), its FSDP shard, or its megatron-core shard (`model` is then
+    a `MegatronPolicy`, a GPTModel shard with an HF-style forward); either way the ranks
+    start from the same weights.
     """
 
     def __init__(self, config: ExperimentConfig, dist: DistContext | None = None) -> None:
@@ -89,35 +85,14 @@ class Trainer:
         self.dist = dist if dist is not None else DistContext()
         self.plan = AlgorithmPlan.of(config)
         tcfg = config.trainer
-        self.megatron = tcfg.backend == "megatron"
-        self.device = (megatron_backend.setup_model_parallel(config, self.dist)
-                       if self.megatron else self.dist.device)
-        self.tokenizer, self.model = load_policy(config.model.path, config.model.dtype)
-        # megatron: only rank 0 keeps a whole HF replica on the device (for evaluation)
-        if self.device.type != "cpu" and (self.dist.is_main or not self.megatron):
-            self.model.to(self.device)
-        self.engine = HFEngine(model=self.model, tokenizer=self.tokenizer,
+        self.backend = build_backend(config, self.dist)
+        self.device = self.backend.device
+        self.tokenizer, hf_model = load_policy(config.model.path, config.model.dtype)
+        self.backend.place(hf_model)
+        self.engine = HFEngine(model=hf_model, tokenizer=self.tokenizer,
                                device=str(self.device))
         load_start_weights(self.engine, config)
-        self._eval_engine: HFEngine | None = None  # sharded: rank 0's whole replica for eval
-        hf_model = self.model
-        if not self.megatron:  # megatron: every rank converts the same files into its shard
-            broadcast_parameters(hf_model, self.dist)
-        if self.megatron:  # the HF model stays as rank 0's evaluation replica
-            self.model = megatron_backend.build(hf_model, config, self.device)
-            self._eval_engine = self.engine if self.dist.is_main else None
-        self.model.train()
-        if tcfg.activation_checkpointing and not self.megatron:  # megatron: in its config
-            self.model.gradient_checkpointing_enable(
-                gradient_checkpointing_kwargs={"use_reentrant": False})
-        self.compute_dtype = (getattr(torch, config.model.dtype) if self.megatron
-                              else compute_dtype(tcfg.dtype, self.device))
-        self.reference = None
-        if self.plan.needs_reference:
-            self.reference = (megatron_backend.build(hf_model, config, self.device, frozen=True)
-                              if self.megatron else _frozen(self.model))
-        if self.megatron and not self.dist.is_main:
-            self.engine.model = None  # its shard is all a rank trains; rank 0 alone evaluates
+        self.reference = self.backend.build(self.engine, self.plan.needs_reference)
         self.critic: ValueHeadModel | None = None
         self.critic_optimizer: torch.optim.Optimizer | None = None
         if self.plan.critic_lr is not None:
@@ -126,12 +101,7 @@ class Trainer:
             self.critic_optimizer = torch.optim.AdamW(
                 [p for p in self.critic.parameters() if p.requires_grad],
                 lr=self.plan.critic_lr, weight_decay=tcfg.weight_decay)
-        # FSDP after the reference and critic copies: they stay whole replicas
-        self.fsdp = tcfg.parallel == "fsdp" and self.dist.distributed and not self.megatron
-        self.sharded = self.fsdp or self.megatron  # full weights only when gathered
-        if self.fsdp:
-            shard_model(self.model, self.dist,
-                        None if self.compute_dtype == torch.float32 else self.compute_dtype)
+        self.backend.distribute()  # after the critic's copy: it stays a whole replica
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=tcfg.lr,
                                            weight_decay=tcfg.weight_decay)
         warmup = tcfg.warmup_steps
@@ -140,12 +110,26 @@ class Trainer:
         self.pad_id = self.engine.pad_id
         rl = self.plan.is_rl
         self.temperature = (self.config.explorer.temperature or 1.0) if rl else 1.0
-        # sharded over ranks, rank 0 cannot run the policy alone (a forward is a collective)
-        alone = not (self.sharded and self.dist.distributed) or (
-            self.megatron and tcfg.megatron.tensor_parallel == 1)
-        self.preparer = BatchPreparer(self.plan, self.model if alone else None,
+        self.preparer = BatchPreparer(self.plan,
+                                      self.model if self.backend.rank0_forward else None,
                                       self.reference, self.critic, self.temperature,
                                       self.pad_id, self.device)
+
+    @property
+    def model(self) -> torch.nn.Module:
+        """The policy being trained (this rank's shard of it when `sharded`)."""
+        return self.backend.model
+
+    @property
+    def sharded(self) -> bool:
+        """True when the full weights exist only when gathered from every rank: then
+        `full_state_dict` and `checkpoint_parts` are collectives (`TrainerBackend.sharded`)."""
+        return self.backend.sharded
+
+    @property
+    def compute_dtype(self) -> torch.dtype:
+        """The dtype forward and backward compute in."""
+        return self.backend.compute_dtype
 
     def checkpoint_modules(self) -> dict[str, Any]:
         """Parts saved with a checkpoint besides the policy, optimizer and schedule."""
@@ -178,7 +162,7 @@ class Trainer:
             log.warning("skipped %d sequence(s) longer than trainer.micro_batch_tokens = %d "
                         "padded tokens", skipped, budget)
         world = self.dist.world_size
-        group = self._model_parallel  # ranks that share one shard (a TP group)
+        group = self.backend.model_parallel  # ranks that share one shard (a TP group)
         if batch.records:
             shards = self.preparer.shards(batch, world // group)
         else:
@@ -189,42 +173,22 @@ class Trainer:
                 shard.metrics["skipped_sequences"] = float(skipped)
         return [shards[rank // group] for rank in range(world)]
 
-    @property
-    def _model_parallel(self) -> int:
-        """Consecutive ranks that hold one model between them and train on the same rows
-        (megatron's TP group; 1 for the torch backend)."""
-        return self.config.trainer.megatron.tensor_parallel if self.megatron else 1
-
     def full_state_dict(self) -> dict[str, torch.Tensor]:
-        """The policy's full weights (what is published and checkpointed). Under FSDP a
-        collective of every rank, complete on rank 0 only (empty elsewhere); so is the
-        megatron backend's gather of its shards (HF names, as the torch backend's)."""
-        if self.megatron:
-            return self.model.hf_state()
-        if self.sharded:
-            return full_model_state(self.model)
-        return self.model.state_dict()
+        """The policy's full weights with HF names (what is published and checkpointed).
+        When `sharded` a collective of every rank, complete on rank 0 only (empty
+        elsewhere)."""
+        return self.backend.full_state()
 
     def checkpoint_parts(self) -> tuple[Any, Any]:
-        """(model, optimizer) as `save_trainer_state` takes them. Under FSDP a collective
-        of every rank that gathers both full states (complete on rank 0, which saves)."""
-        if not self.sharded:
-            return self.model, self.optimizer
-        if self.megatron:
-            return megatron_backend.checkpoint_parts(self.model, self.optimizer)
-        return (FullState(self.model, None, full_model_state(self.model)),
-                FullState(self.model, self.optimizer,
-                          full_optimizer_state(self.model, self.optimizer)))
+        """(model, optimizer) as `save_trainer_state` takes them. When `sharded` a
+        collective of every rank that gathers both full states (complete on rank 0, which
+        saves)."""
+        return self.backend.checkpoint_parts(self.optimizer)
 
     def restore_parts(self) -> tuple[Any, Any]:
-        """(model, optimizer) as `load_trainer_state` takes them: under FSDP views that
+        """(model, optimizer) as `load_trainer_state` takes them: when `sharded` views that
         load a saved full state into this rank's shards (every rank loads together)."""
-        if not self.sharded:
-            return self.model, self.optimizer
-        if self.megatron:
-            return (megatron_backend.MegatronState(self.model, None),
-                    megatron_backend.MegatronState(self.model, self.optimizer))
-        return FullState(self.model, None), FullState(self.model, self.optimizer)
+        return self.backend.restore_parts(self.optimizer)
 
     def _loss(self, shard: Shard) -> tuple[torch.Tensor, torch.Tensor | None, LocalMetrics]:
         """This shard's share of the policy loss and of the critic's value loss (None
@@ -239,9 +203,7 @@ class Trainer:
             rows = {k: v.to(self.device) for k, v in rows.items()}
             adv = None if adv is None else adv.to(self.device)
         mask = tb.loss_mask
-        with self._autocast():
-            logits = self.model(input_ids=tb.input_ids, attention_mask=tb.attention_mask,
-                                use_cache=False).logits.float()
+        logits = self.backend.logits(tb.input_ids, tb.attention_mask)
         logp = target_logprobs(logits, tb.targets, self.temperature)
         out = LocalMetrics(tokens=float(mask.sum()), rows=float(mask.shape[0]))
         is_expert = old = ref = None
@@ -290,11 +252,8 @@ class Trainer:
         """Clip the gradients (when configured), step the optimizers and the schedule."""
         cfg = self.config.trainer
         values = {}
-        if cfg.grad_clip > 0 and self.megatron:  # over the full model, not this shard
-            values["grad_norm"] = megatron_backend.clip_grad_norm(self.model, cfg.grad_clip)
-        elif cfg.grad_clip > 0:
-            values["grad_norm"] = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(),
-                                                                       cfg.grad_clip))
+        if cfg.grad_clip > 0:
+            values["grad_norm"] = self.backend.clip_gradients(cfg.grad_clip)
         self.optimizer.step()
         self.scheduler.step()
         if self.critic is not None and self.critic_optimizer is not None:
@@ -316,18 +275,15 @@ class Trainer:
         local: list[LocalMetrics] = []
         for i in range(passes):
             if i >= len(groups):
-                idle_pass(self.model, self.device, self.pad_id)
+                self.backend.idle_pass(self.pad_id)
                 continue
             loss, vloss, part = self._loss(sub_shard(shard, groups[i]))
             (loss if vloss is None else loss + vloss).backward()
             local.append(part)
         # a TP group's ranks computed the same rows: count its first rank's metrics only
         gathered = [m for rank, ms in enumerate(all_gather_objects(local, self.dist))
-                    if rank % self._model_parallel == 0 for m in ms]
-        if self.megatron:
-            megatron_backend.reduce_gradients(self.model, self.dist)
-        elif not self.sharded:
-            all_reduce_gradients(self.model.parameters(), self.dist)
+                    if rank % self.backend.model_parallel == 0 for m in ms]
+        self.backend.reduce_gradients()
         if self.critic is not None:
             all_reduce_gradients(self.critic.parameters(), self.dist)
         values = dict(shard.metrics)
@@ -343,43 +299,15 @@ class Trainer:
         """The largest `n` over the ranks."""
         return max(all_gather_objects(n, self.dist))
 
-    def _autocast(self) -> contextlib.AbstractContextManager:
-        """Autocast to the compute dtype when it is not float32 and FSDP does not already
-        gather the weights in it (megatron computes in its weights' dtype)."""
-        if self.compute_dtype == torch.float32 or self.fsdp or self.megatron:
-            return contextlib.nullcontext()
-        return torch.autocast(self.device.type, dtype=self.compute_dtype)
-
     def accuracy(self, tasks: list[Any], weights: dict[str, torch.Tensor] | None = None,
                  ) -> float:
-        """Greedy exact-match accuracy of the current weights on `tasks`. Under FSDP pass
-        the gathered `weights` (`full_state_dict`, on rank 0): they are scored on a whole
-        replica that rank 0 keeps for evaluation."""
+        """Greedy exact-match accuracy of the current weights on `tasks`. When `sharded`
+        pass the gathered `weights` (`full_state_dict`, on rank 0): they are scored on a
+        whole replica that rank 0 keeps for evaluation."""
         ecfg = self.config.eval
-        engine = self.engine
-        if self.sharded:
-            if weights is None:
-                raise ValueError("a sharded trainer scores gathered weights: pass weights")
-            if self._eval_engine is None:
-                tokenizer, model = load_policy(self.config.model.path, self.config.model.dtype)
-                self._eval_engine = HFEngine(model=model.to(self.device).eval(),
-                                             tokenizer=tokenizer, device=str(self.device))
-            self._eval_engine.model.load_state_dict(weights)
-            engine = self._eval_engine
+        if self.sharded and weights is None:
+            raise ValueError("a sharded trainer scores gathered weights: pass weights")
+        engine = self.backend.eval_engine(weights)
         return exact_match_accuracy(engine, tasks, max_new_tokens=ecfg.max_new_tokens,
                                     batch_size=ecfg.batch_size)
 
-
-def compute_dtype(setting: str, device: torch.device) -> torch.dtype:
-    """The dtype `trainer.dtype` means on `device` (auto: bfloat16 on GPUs, else float32)."""
-    if setting == "auto":
-        return torch.bfloat16 if device.type == "cuda" else torch.float32
-    return getattr(torch, setting)
-
-
-def _frozen(model: torch.nn.Module) -> torch.nn.Module:
-    """A frozen copy of `model` (the reference policy of KL terms and DPO)."""
-    ref = copy.deepcopy(model).eval()
-    for p in ref.parameters():
-        p.requires_grad_(False)
-    return ref

@@ -1,0 +1,128 @@
+"""The torch backend with data parallelism (`trainer.backend: torch`, `parallel: ddp`).
+
+Every rank holds a whole replica of the HF model on its device, starting from rank 0's
+weights (broadcast). Each rank's loss is its rows' share of the whole batch's loss; after
+the backward passes the gradients are summed over the ranks in buckets, and every rank takes
+the same optimizer step, so the replicas stay identical. One process is the same backend
+without a process group. A bfloat16 compute dtype runs the forward under `torch.autocast`.
+`FSDPBackend` (`rft_hpc.trainer.fsdp`) is this backend with the replica sharded.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+
+from rft_hpc.config import ExperimentConfig
+from rft_hpc.engines.hf import HFEngine, load_policy
+from rft_hpc.trainer.distributed import DistContext, all_reduce_gradients, broadcast_parameters
+
+
+class TorchBackend:
+    """A whole replica per rank, gradients summed over the ranks (see the module doc)."""
+
+    name = "ddp"
+    sharded = False
+    model_parallel = 1
+    model: torch.nn.Module
+
+    def __init__(self, config: ExperimentConfig, dist: DistContext) -> None:
+        self.config, self.dist = config, dist
+        self.device = dist.device
+        self.compute_dtype = compute_dtype(config.trainer.dtype, self.device)
+        self.rank0_forward = True
+        self.engine: HFEngine | None = None
+
+    def place(self, hf_model: torch.nn.Module) -> None:
+        """Every rank keeps the whole model on its device."""
+        if self.device.type != "cpu":
+            hf_model.to(self.device)
+
+    def build(self, engine: HFEngine, reference: bool) -> torch.nn.Module | None:
+        """Train `engine.model` itself, with rank 0's weights; the reference is a copy."""
+        self.engine = engine
+        model = engine.model
+        broadcast_parameters(model, self.dist)
+        model.train()
+        if self.config.trainer.activation_checkpointing:
+            model.gradient_checkpointing_enable(
+                gradient_checkpointing_kwargs={"use_reentrant": False})
+        self.model = model
+        return frozen_copy(model) if reference else None
+
+    def distribute(self) -> None:
+        """Nothing: every rank keeps its whole replica."""
+
+    def logits(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        """The policy's float32 logits, under autocast to a compute dtype below float32."""
+        with self._autocast():
+            return self.model(input_ids=input_ids, attention_mask=attention_mask,
+                              use_cache=False).logits.float()
+
+    def _autocast(self) -> contextlib.AbstractContextManager:
+        if self.compute_dtype == torch.float32:
+            return contextlib.nullcontext()
+        return torch.autocast(self.device.type, dtype=self.compute_dtype)
+
+    def idle_pass(self, pad_id: int) -> None:
+        """A zero-loss pass of one token (see `idle_pass`)."""
+        idle_pass(self.model, self.device, pad_id)
+
+    def reduce_gradients(self) -> None:
+        """Sum the gradients over all ranks (a collective; nothing for one process)."""
+        all_reduce_gradients(self.model.parameters(), self.dist)
+
+    def clip_gradients(self, max_norm: float) -> float:
+        """`torch.nn.utils.clip_grad_norm_` over the policy's parameters."""
+        return float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm))
+
+    def full_state(self) -> dict[str, torch.Tensor]:
+        """The replica's own state dict."""
+        return self.model.state_dict()
+
+    def checkpoint_parts(self, optimizer: torch.optim.Optimizer) -> tuple[Any, Any]:
+        """The model and optimizer themselves."""
+        return self.model, optimizer
+
+    def restore_parts(self, optimizer: torch.optim.Optimizer) -> tuple[Any, Any]:
+        """The model and optimizer themselves."""
+        return self.model, optimizer
+
+    def eval_engine(self, weights: Mapping[str, torch.Tensor] | None) -> HFEngine:
+        """The engine on the trained replica itself (`weights` are not needed)."""
+        assert self.engine is not None, "build the backend first"
+        return self.engine
+
+
+def compute_dtype(setting: str, device: torch.device) -> torch.dtype:
+    """The dtype `trainer.dtype` means on `device` (auto: bfloat16 on GPUs, else float32)."""
+    if setting == "auto":
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    return getattr(torch, setting)
+
+
+def frozen_copy(model: torch.nn.Module) -> torch.nn.Module:
+    """A frozen copy of `model` (the reference policy of KL terms and DPO)."""
+    ref = copy.deepcopy(model).eval()
+    for p in ref.parameters():
+        p.requires_grad_(False)
+    return ref
+
+
+def idle_pass(model: torch.nn.Module, device: torch.device, token: int) -> None:
+    """A forward and backward of one token with a zero loss: a rank with no micro-batch left
+    takes part in the others' gathers and reductions, adding nothing to the gradients."""
+    ids = torch.tensor([[token]], device=device)
+    logits = model(input_ids=ids, attention_mask=torch.ones_like(ids), use_cache=False).logits
+    (logits.float().sum() * 0.0).backward()
+
+
+def whole_replica(config: ExperimentConfig, device: torch.device) -> HFEngine:
+    """An engine on a whole HF replica of the configured model on `device` (eval mode):
+    where a sharded backend's rank 0 loads gathered weights to evaluate them."""
+    tokenizer, model = load_policy(config.model.path, config.model.dtype)
+    return HFEngine(model=model.to(device).eval(), tokenizer=tokenizer, device=str(device))
