@@ -5,6 +5,7 @@ from __future__ import annotations
 import multiprocessing
 import os
 import random
+import sys
 from collections.abc import Iterator
 from multiprocessing.context import BaseContext
 from pathlib import Path
@@ -25,7 +26,7 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """The first test that uses the local Slurm cluster also starts it (a session fixture):
     its timeout grows by the longest that a start may take."""
-    from slurm_cluster import JOIN_BOUND_S
+    from helpers.slurm_cluster import JOIN_BOUND_S
 
     first = next((item for item in items if "slurm_env" in item.fixturenames), None)
     if first is None:
@@ -38,6 +39,15 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
                or config.getini("timeout"))
     if own and float(own) > 0:  # 0: timeouts are off
         first.add_marker(pytest.mark.timeout(float(own) + JOIN_BOUND_S))
+
+
+@pytest.fixture(autouse=True)
+def _cancel_submitted_runs() -> Iterator[None]:
+    """A failed cluster test must not leave its jobs waiting in the shared cluster's queue:
+    the runs that helpers.slurm_runs.submit made are cancelled after each test."""
+    yield
+    if "helpers.slurm_runs" in sys.modules:
+        sys.modules["helpers.slurm_runs"].cancel_submitted()
 
 
 @pytest.fixture
@@ -66,7 +76,7 @@ def mp() -> Iterator[BaseContext]:
     milliseconds rather than an interpreter start each.
     """
     ctx = multiprocessing.get_context("forkserver")
-    ctx.set_forkserver_preload(["buffer_workers", "h5py", "numpy", "rft_hpc.buffer"])
+    ctx.set_forkserver_preload(["helpers.buffer_workers", "h5py", "numpy", "rft_hpc.buffer"])
     yield ctx
 
 
@@ -81,8 +91,8 @@ def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="session")
 def slurm_env() -> dict[str, str]:
     """The clients' environment of the running local Slurm cluster (started if needed;
-    stopped when the last test session that started it ends, see tests/slurm_cluster.py)."""
-    from slurm_cluster import ClusterError, ensure_cluster
+    stopped when the last test session that started it ends, see tests/helpers/slurm_cluster.py)."""
+    from helpers.slurm_cluster import ClusterError, ensure_cluster
 
     try:
         return ensure_cluster()

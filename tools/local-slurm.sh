@@ -526,7 +526,7 @@ cmd_stop() {
     log "stopped"
   fi
   if [ "$purge" -eq 1 ]; then
-    # (.tests.lock: tests/slurm_cluster.py's lock for the test sessions sharing the cluster)
+    # (.tests.lock: tests/helpers/slurm_cluster.py's lock for the test sessions sharing the cluster)
     rm -rf "$STATE" "$STATE.lock" "$STATE.tests.lock"
     log "removed $STATE"
   fi

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from slurm_cluster import wait_for_states
-from test_experiment_run import DEMO
+from helpers.paths import DEMO, ROOT
+from helpers.slurm_cluster import wait_for_states
 
 from rft_hpc.config import load_config
 from rft_hpc.engines.hf import load_policy
@@ -21,7 +21,6 @@ from rft_hpc.run.stages import create_run
 from rft_hpc.sync.checkpoint import publish_weights
 from rft_hpc.trainer.checkpoint import save_trainer_state
 
-ROOT = Path(__file__).resolve().parents[1]
 CHECKPOINTS = ["base", "sft-v000006", "grpo-v000002", "grpo-step-000004"]
 
 

@@ -7,61 +7,23 @@ from __future__ import annotations
 import json
 import os
 import signal
-import time
 from pathlib import Path
 
-import pytest
-from slurm_cluster import slurm
-from test_experiment_run import DEMO, short
-from test_slurm_launch import jobs_in_queue, rft, status, unique, wait_for_run
-
-
-def chaos_args(tmp_path: Path, model: Path, *extra: str) -> list[str]:
-    """One GRPO stage, 2 explorers, a trainer that saves every 5 steps."""
-    return short(tmp_path, model, "--set", "stages=[]", "--set", "trainer.steps=40",
-                 "--set", "trainer.save_interval=5", "--set", "eval.interval=0", *extra)
-
-
-_SUBMITTED: list[tuple[dict[str, str], Path]] = []
-
-
-@pytest.fixture(autouse=True)
-def _cancel_leftovers():
-    """A failed case must not leave its jobs waiting in the shared cluster's queue."""
-    yield
-    while _SUBMITTED:
-        env, run = _SUBMITTED.pop()
-        rft(env, "cancel", run)
-
-
-def submit(env: dict[str, str], tmp_path: Path, model: Path, name: str, *extra: str) -> Path:
-    result = rft(env, "submit", DEMO, *chaos_args(tmp_path, model, *extra), "--name", name)
-    assert result.returncode == 0, result.stderr
-    _SUBMITTED.append((env, tmp_path / name))
-    return tmp_path / name
-
-
-def heartbeat(run: Path, role: str) -> dict:
-    try:
-        return json.loads((run / "stages" / "0-main" / "state" / f"{role}.json").read_text())
-    except (OSError, ValueError):
-        return {}
-
-
-def wait_until(predicate, timeout: float = 180, what: str = "") -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.2)
-
-
-def running_at(run: Path, role: str, step: int, restarts: int = 0):
-    """A predicate: `role` runs, at `step` or later, in its `restarts`-th restart or later."""
-    def check() -> bool:
-        beat = heartbeat(run, role)
-        return (beat.get("status") == "running" and beat.get("step", -1) >= step
-                and beat.get("restarts", 0) >= restarts)
-    return check
+from helpers.paths import DEMO
+from helpers.slurm_cluster import slurm
+from helpers.slurm_runs import (
+    chaos_args,
+    finished,
+    heartbeat,
+    jobs_in_queue,
+    remember,
+    rft,
+    running_at,
+    status,
+    submit,
+    unique,
+    wait_until,
+)
 
 
 def job_id(env: dict[str, str], run: Path, name: str) -> str:
@@ -75,17 +37,6 @@ def audit(env: dict[str, str], run: Path) -> dict:
     stage = report["stages"][0]
     print(json.dumps({"trainer": stage["trainer"], "explorers": stage["explorers"]}, indent=1))
     return stage
-
-
-def finished(env: dict[str, str], run: Path, timeout: float = 420, steps: int = 40) -> dict:
-    final, _ = wait_for_run(env, run, timeout=timeout)
-    assert final["state"] == "done", (final, rft(env, "logs", run).stdout[-4000:])
-    assert jobs_in_queue(env, run.name) == []
-    trained = [json.loads(line)["step"] for line in
-               (run / "stages" / "0-main" / "metrics" / "trainer.jsonl").read_text().splitlines()
-               if "loss" in line]
-    assert sorted(set(trained)) == list(range(1, steps + 1))
-    return final
 
 
 def test_trainer_signals_killed_explorers_and_a_requeued_array_lose_nothing(
@@ -171,7 +122,7 @@ def test_auto_resume_brings_back_a_cancelled_trainer_without_a_person(
                  "--set", "trainer.steps=16", "--name", name, "--auto-resume")
     assert result.returncode == 0 and "afternotok" in result.stdout, result.stderr
     run = tmp_path / name
-    _SUBMITTED.append((slurm_env, run))
+    remember(slurm_env, run)
     wait_until(running_at(run, "trainer", 3), what="trainer at step 3")
     slurm(["scancel", job_id(slurm_env, run, "main.trainer")], slurm_env)
     wait_until(lambda: status(slurm_env, run)["submissions"] == 2, timeout=120,

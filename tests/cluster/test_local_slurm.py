@@ -17,7 +17,7 @@ from pathlib import Path
 import cloudpickle
 import pytest
 import submitit
-from slurm_cluster import (
+from helpers.slurm_cluster import (
     SCRIPT,
     queued,
     sbatch,

@@ -19,55 +19,16 @@ import time
 from pathlib import Path
 
 import pytest
-from slurm_cluster import slurm, wait_for_states
-from test_experiment_run import DEMO, EVALUATOR, scores_match_trainer, short
+from helpers.paths import DEMO, GOLDEN, ROOT
+from helpers.runs import EVALUATOR, scores_match_trainer, short
+from helpers.slurm_cluster import slurm, wait_for_states
+from helpers.slurm_runs import jobs_in_queue, rft, status, unique, wait_for_run
 
-from rft_hpc.core.config_section import ConfigSection
 from rft_hpc.config import launch as launch_config
+from rft_hpc.core.config_section import ConfigSection
 
-ROOT = Path(__file__).resolve().parents[1]
-GOLDEN = Path(__file__).resolve().parent / "golden"
 SUMMARY_KEYS = {"summary_version", "run", "eval", "trainer", "explorer", "seconds", "stages",
                 "evaluator"}
-
-
-def rft(env: dict[str, str], *args: object, timeout: float = 180,
-        **extra_env: str) -> subprocess.CompletedProcess[str]:
-    """The CLI as a separate process, with the cluster's variables."""
-    return subprocess.run([sys.executable, "-m", "rft_hpc.cli", *map(str, args)], cwd=ROOT,
-                          env={**os.environ, **env, **extra_env}, capture_output=True,
-                          text=True, timeout=timeout)
-
-
-def unique(tag: str) -> str:
-    """A run name no other test session sharing the cluster uses."""
-    return f"{tag}-{os.getpid()}"
-
-
-def jobs_in_queue(env: dict[str, str], run_name: str) -> list[str]:
-    """squeue's jobs of a run (their names start with the run's name)."""
-    names = slurm(["squeue", "--noheader", "--array", "--format=%j"], env).split()
-    return [n for n in names if n.startswith(f"{run_name}.")]
-
-
-def status(env: dict[str, str], run: Path) -> dict:
-    result = rft(env, "status", run, "--json", timeout=60)
-    assert result.returncode == 0, result.stderr
-    return json.loads(result.stdout)
-
-
-def wait_for_run(env: dict[str, str], run: Path, timeout: float = 300,
-                 ) -> tuple[dict, list[dict]]:
-    """Poll `status --json` until the run is no longer running; (last, every answer)."""
-    deadline = time.monotonic() + timeout
-    seen = [status(env, run)]
-    while seen[-1]["state"] in ("running", "resuming"):
-        if time.monotonic() > deadline:
-            logs = rft(env, "logs", run).stdout[-3000:]
-            raise AssertionError(f"still running after {timeout} s: {seen[-1]}\n{logs}")
-        time.sleep(1)
-        seen.append(status(env, run))
-    return seen[-1], seen
 
 
 def test_every_launch_setting_is_documented() -> None:
@@ -198,7 +159,7 @@ def test_submit_runs_the_demo_to_completion_like_a_local_run(
         "version"] == 6
     assert {beats[("1-grpo", f"explorer-{i}")]["status"] for i in (0, 1)} == {"done"}
 
-    # the same figures as `rft-hpc run` writes (tests/test_experiment_run.py)
+    # the same figures as `rft-hpc run` writes (tests/integration/test_experiment_run.py)
     summary = json.loads((run / "summary.json").read_text())
     assert set(summary) == SUMMARY_KEYS
     assert summary["trainer"]["steps"] == 8 + 6 and summary["explorer"]["steps"] == 2 * 6

@@ -9,9 +9,10 @@ import signal
 from pathlib import Path
 
 import pytest
-from test_chaos import finished, heartbeat, running_at, submit, wait_until
-from test_experiment_run import DEMO, rft, short
-from test_slurm_launch import rft as rft_slurm
+from helpers.paths import DEMO
+from helpers.runs import rft, short
+from helpers.slurm_runs import finished, heartbeat, running_at, submit, wait_until
+from helpers.slurm_runs import rft as rft_slurm
 
 from rft_hpc.monitor.metrics import read_metrics
 

@@ -12,14 +12,22 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from slurm_cluster import sbatch, wait_for_states
-from test_trainer_distributed import fixed_batch, rank_env, write_config
+from helpers.paths import ROOT
+from helpers.ranks import (
+    finish,
+    fixed_batch,
+    rank_env,
+    sft_stage,
+    start_ranks,
+    trainer_command,
+    write_config,
+)
+from helpers.slurm_cluster import sbatch, wait_for_states
 
 from rft_hpc.buffer.reader import Batch
 from rft_hpc.buffer.records import Experience
 from rft_hpc.trainer.micro import drop_oversized, pack, record_cost
 
-ROOT = Path(__file__).resolve().parents[1]
 TRAINER = {"lr": 1e-3, "batch_size": 8, "grad_clip": 1.0, "weight_decay": 0.01}
 KL = {"kl_loss_fn": "k3", "kl_loss_fn_args": {"kl_coef": 0.05}}
 """A KL term in the loss of the RL steps (sft steps have none)."""
@@ -203,8 +211,6 @@ def test_fsdp_step_on_two_slurm_tasks_matches_one_process(tmp_path, tiny_model, 
 def test_fsdp_role_publishes_and_checkpoints_full_weights(tmp_path, tiny_model):
     """The trainer role on two FSDP ranks (local processes): every rank takes part in the
     gathers, rank 0 evaluates, publishes and checkpoints the full weights."""
-    from test_trainer_distributed import finish, sft_stage, start_ranks, trainer_command
-
     from rft_hpc.engines.hf import load_policy
     from rft_hpc.monitor.metrics import read_metrics
     from rft_hpc.sync.checkpoint import load_weights

@@ -7,7 +7,7 @@ check that a record it reads is exactly the one that was written:
 
 Process entry points (`*_main`) are plain module-level functions, so that a
 `multiprocessing` context that starts fresh interpreters (forkserver, spawn) can run them;
-`python tests/buffer_workers.py probe-poll ...` is the command line the strace test runs.
+`python tests/helpers/buffer_workers.py probe-poll ...` is the command line the strace test runs.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""One rank of a TP/PP shard-gather test, run as a script by tests/test_megatron.py.
+"""One rank of a TP/PP shard-gather test, run as a script by tests/integration/test_megatron.py.
 
 usage: megatron_workers.py {plain,megatron} HF_SAFETENSORS HF_CONFIG_JSON TP PP OUT INIT_FILE
 (RANK and WORLD_SIZE come from the environment). Each rank takes its own shard of the HF

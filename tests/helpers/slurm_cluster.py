@@ -10,7 +10,7 @@ running. A cluster that cannot start is an error, never a skip.
 Usage in a test module (the session fixture `slurm_env` in conftest.py calls
 `ensure_cluster`)::
 
-    from slurm_cluster import sbatch, wait_for_states
+    from helpers.slurm_cluster import sbatch, wait_for_states
 
     def test_job(slurm_env, tmp_path):
         job = sbatch(["--wrap", "true"], slurm_env, cwd=tmp_path)
@@ -32,7 +32,8 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+from helpers.paths import ROOT
+
 SCRIPT = ROOT / "tools" / "local-slurm.sh"
 
 # Job states after which a job never runs again (sacct's names, without a "by <uid>" suffix).

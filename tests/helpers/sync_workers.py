@@ -1,6 +1,6 @@
 """Processes of the fabric weight-sync tests: state dicts, digests, receiver loops.
 
-Used in-process by the tests and as a program (`python tests/sync_workers.py ...`) for the
+Used in-process by the tests and as a program (`python tests/helpers/sync_workers.py ...`) for the
 MPI tests, whose ranks are started by mpiexec.
 """
 

@@ -8,7 +8,7 @@ from collections import Counter
 from multiprocessing.context import BaseContext
 from pathlib import Path
 
-from buffer_workers import check_record, concurrent_writer_main
+from helpers.buffer_workers import check_record, concurrent_writer_main
 
 from rft_hpc.buffer import BufferReader
 from rft_hpc.buffer.layout import stray_temporaries

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from buffer_workers import (
+from helpers.buffer_workers import (
     READER_MAX_PENDING,
     check_record,
     drain,

@@ -20,7 +20,7 @@ from typing import Any
 
 import h5py
 import pytest
-from buffer_workers import (
+from helpers.buffer_workers import (
     check_record,
     killable_writer_main,
     read_new,

@@ -16,13 +16,14 @@ from multiprocessing.context import BaseContext
 from pathlib import Path
 
 import pytest
-from buffer_workers import MARK_BEGIN, MARK_END, tiny_writer_main, write_steps
+from helpers.buffer_workers import MARK_BEGIN, MARK_END, tiny_writer_main, write_steps
+from helpers.paths import HELPERS
 
 from rft_hpc.buffer import BufferReader
 from rft_hpc.buffer.layout import ensure_buffer_dir
 
 STRACE = shutil.which("strace") or "strace"
-WORKERS = Path(__file__).with_name("buffer_workers.py")
+WORKERS = HELPERS / "buffer_workers.py"
 POLLS = 200
 BIG = 10_000
 

@@ -7,14 +7,13 @@ import sys
 from pathlib import Path
 
 import pytest
+from helpers.paths import ROOT
 from pydantic import BaseModel
 
 from rft_hpc.config import ConfigError, ExperimentConfig, load_config, schema
 from rft_hpc.config.reference import render_reference, splice
 from rft_hpc.config.renamed import RENAMED
 from rft_hpc.core.errors import UserError
-
-ROOT = Path(__file__).resolve().parents[1]
 
 
 def write(tmp_path: Path, text: str, name: str = "exp.yaml") -> Path:

@@ -7,6 +7,8 @@ import json
 
 import pytest
 import torch
+from helpers.paths import DEMO
+from helpers.runs import rft, rollouts, short
 
 from rft_hpc.batch.logprobs import token_logprobs
 from rft_hpc.batch.tokens import collate
@@ -138,8 +140,6 @@ def test_same_seed_same_samples_and_equal_prompts_differ(engine, policy):
 
 @pytest.mark.slow
 def test_a_demo_run_with_the_vllm_engine(tmp_path, tiny_model):
-    from test_experiment_run import DEMO, rft, rollouts, short
-
     result = rft("run", DEMO, *short(tmp_path, tiny_model, "--set", "explorer.engine=vllm",
                                      "--set", "explorer.vllm.enforce_eager=true",
                                      "--set", "explorer.vllm.kv_cache_gb=0.25",

@@ -9,34 +9,10 @@ import time
 from pathlib import Path
 
 import pytest
+from helpers.paths import DEMO, ROOT
+from helpers.runs import EVALUATOR, rft, rollouts, scores_match_trainer, short
 
-from rft_hpc.buffer.jsonl import iter_segments
-from rft_hpc.buffer.segment import read_segment
 from rft_hpc.monitor.metrics import read_metrics
-
-ROOT = Path(__file__).resolve().parents[1]
-DEMO = ROOT / "configs" / "demo.yaml"
-
-
-def short(tmp_path, model, *extra):
-    """Overrides that shrink the demo to a few seconds of work in `tmp_path`."""
-    return ["--set", f"run.root={tmp_path}", "--set", f"model.path={model}",
-            "--set", "tasks.eval_size=64", "--set", "stages.0.trainer.steps=8",
-            "--set", "stages.0.eval.interval=4", "--set", "trainer.steps=6",
-            "--set", "eval.interval=3", "--set", "explorer.tasks_per_step=2",
-            "--set", "trainer.batch_size=32", *extra]
-
-
-def rft(*args, **kwargs):
-    return subprocess.run([sys.executable, "-m", "rft_hpc.cli", *map(str, args)],
-                          capture_output=True, text=True, cwd=ROOT, **kwargs)
-
-
-def rollouts(stage):
-    return [r for _, p in iter_segments(stage / "buffer") for r in read_segment(p).records()]
-
-
-EVALUATOR = ("--set", "stages.1.eval.evaluator=true", "--set", "stages.1.eval.every=3")
 
 
 def test_a_short_on_policy_run_writes_summary_metrics_and_report(tmp_path, tiny_model):
@@ -74,18 +50,6 @@ def test_a_short_on_policy_run_writes_summary_metrics_and_report(tmp_path, tiny_
     assert again.returncode == 0 and "held-out accuracy" in again.stdout  # finished: no-op
     other = rft("run", DEMO, *short(tmp_path, tiny_model, "--set", "sync.offset=1"))
     assert other.returncode != 0 and "different config" in other.stderr
-
-
-def scores_match_trainer(summary, stage, versions):
-    """The evaluator's scores in summary.json are the trainer's evaluations at the same
-    steps (same weights, same greedy decoding of the same eval tasks)."""
-    scores = {r["version"]: r["accuracy"] for r in summary["evaluator"]}
-    evals = {r["step"]: r["eval_accuracy"] for r in read_metrics(stage / "metrics" /
-                                                                 "trainer.jsonl")
-             if r.get("eval_accuracy") is not None}
-    assert sorted(scores) == versions, summary["evaluator"]
-    assert scores == {v: evals[v] for v in versions}, (scores, evals)
-    return True
 
 
 def test_async_offset_bounds_the_policy_lag(tmp_path, tiny_model):

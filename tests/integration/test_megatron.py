@@ -2,7 +2,7 @@
 
 Real torch, real megatron-core (a GPTModel constructed on the CPU, its parallel_state over
 gloo), real processes for the gathers. The training loop on these pieces (GPTModel forward
-and backward on CPUs) is tested in tests/test_megatron_train.py.
+and backward on CPUs) is tested in tests/integration/test_megatron_train.py.
 """
 
 from __future__ import annotations
@@ -15,19 +15,39 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers.paths import HELPERS, ROOT
 from safetensors.torch import load_file, save_file
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from rft_hpc.megatron.convert import (
     LlamaShape,
+    StateDict,
     hf_to_megatron,
     megatron_to_hf,
     padded_vocab_size,
 )
-from rft_hpc.megatron.shards import Layout, merge_shards, shard_state
+from rft_hpc.megatron.shards import (
+    Layout,
+    merge_stages,
+    merge_tensor,
+    shard_state,
+    tp_cut,
+)
 
-ROOT = Path(__file__).resolve().parents[1]
-WORKER = Path(__file__).with_name("megatron_workers.py")
+WORKER = HELPERS / "megatron_workers.py"
+
+
+def merge_shards(shards: dict[tuple[int, int], dict[str, torch.Tensor]], layout: Layout
+                 ) -> StateDict:
+    """Inverse of `shard_state` in memory (the pieces `gather_full_state` merges with, without
+    the process groups): the full state dict from every rank's shard."""
+    tp = layout.tensor_parallel
+    stages = []
+    for stage in range(layout.pipeline_parallel):
+        keys = shards[stage, 0].keys()
+        stages.append({k: merge_tensor([shards[stage, r][k] for r in range(tp)], tp_cut(k))
+                       for k in keys})
+    return merge_stages(stages, layout)
 
 
 def gqa_config(tied: bool = False) -> LlamaConfig:

@@ -14,13 +14,16 @@ from pathlib import Path
 
 import pytest
 import torch
-from test_trainer_distributed import (
-    ROOT,
+from helpers.paths import DEMO
+from helpers.ranks import (
     finish,
     fixed_batch,
+    sft_stage,
     start_ranks,
+    trainer_command,
     write_config,
 )
+from helpers.runs import rft, rollouts
 
 pytestmark = pytest.mark.needs_module("megatron.core")
 
@@ -178,8 +181,6 @@ def test_two_processes_over_gloo_equal_one(tmp_path, tiny_model, tp1, tp):
 def test_role_on_two_tp_ranks_publishes_and_checkpoints_full_weights(tmp_path, tiny_model):
     """`rft-hpc role trainer` on two ranks at TP = 2: both take part in every gather, rank 0
     evaluates, publishes and checkpoints the full HF weights (and AdamW moments by HF name)."""
-    from test_trainer_distributed import sft_stage, trainer_command
-
     from rft_hpc.engines.hf import load_policy
     from rft_hpc.monitor.metrics import read_metrics
     from rft_hpc.sync.checkpoint import load_weights
@@ -207,8 +208,6 @@ def test_role_on_two_tp_ranks_publishes_and_checkpoints_full_weights(tmp_path, t
 
 
 def test_pipeline_parallel_is_refused_before_the_run(tmp_path):
-    from test_experiment_run import rft
-
     config = tmp_path / "c.yaml"
     config.write_text(
         f"run: {{root: {tmp_path / 'runs'}}}\n"
@@ -243,8 +242,6 @@ def test_settings_the_loop_cannot_train_are_named(tmp_path, tiny_model):
 def test_demo_run_with_the_megatron_backend_publishes_weights(tmp_path, tiny_model):
     """`rft-hpc run` of the demo's GRPO stage with trainer.backend megatron: the trainer
     publishes every step and the explorers sample with the published weights."""
-    from test_experiment_run import DEMO, rft, rollouts
-
     from rft_hpc.monitor.metrics import read_metrics
 
     result = rft("run", DEMO, "--set", f"run.root={tmp_path}", "--set",
@@ -266,5 +263,4 @@ def test_demo_run_with_the_megatron_backend_publishes_weights(tmp_path, tiny_mod
 
 if __name__ == "__main__":
     os.environ.setdefault("OMP_NUM_THREADS", "1")
-    sys.path.insert(0, str(ROOT / "tests"))
     megatron_worker(*sys.argv[1:])

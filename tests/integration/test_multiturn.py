@@ -4,10 +4,10 @@ that raise or hang cost their task only, over-rollout closes steps before the st
 import json
 import subprocess
 import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
+from helpers.paths import ROOT
 from pydantic import ValidationError
 
 from rft_hpc.buffer.jsonl import iter_segments
@@ -23,7 +23,6 @@ from rft_hpc.explorer.overrollout import MultiTurnExplorer
 from rft_hpc.monitor.metrics import read_metrics
 from rft_hpc.tasks.task import Task
 
-ROOT = Path(__file__).resolve().parents[1]
 FAULTY = "rft_hpc.envs.faulty:FaultyGuess"
 
 

@@ -9,10 +9,10 @@ import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import numpy as np
 import pytest
+from helpers.paths import ROOT
 
 from rft_hpc.buffer.jsonl import iter_segments
 from rft_hpc.buffer.segment import read_segment
@@ -20,7 +20,6 @@ from rft_hpc.config.loader import load_config
 from rft_hpc.monitor.metrics import read_metrics
 from rft_hpc.pipeline.stream import build_task_stream
 
-ROOT = Path(__file__).resolve().parents[1]
 PIPELINE = ROOT / "configs" / "pipeline.yaml"
 DEMO = ROOT / "configs" / "demo.yaml"
 

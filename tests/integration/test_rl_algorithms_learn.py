@@ -16,8 +16,8 @@ import sys
 from pathlib import Path
 
 import pytest
+from helpers.paths import ROOT
 
-ROOT = Path(__file__).resolve().parents[1]
 STEPS = 30
 EVAL_SIZE = 200
 MIN_GAIN = 0.10

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from sync_workers import collective_receiver, digests, reusing_receiver, state_for
+from helpers.sync_workers import collective_receiver, digests, reusing_receiver, state_for
 
 from rft_hpc.sync.collective import CollectiveSender
 from rft_hpc.sync.fabric import (

@@ -1,6 +1,6 @@
 """The `mpi` weight-sync method (mpi4py + PyPI MPICH): one world, and connect/accept.
 
-Every participant is a real MPI program (`tests/sync_workers.py`) started with mpiexec; it
+Every participant is a real MPI program (`tests/helpers/sync_workers.py`) started with mpiexec; it
 writes what it sent or received as JSON lines. MPI is installed by `tools/install.sh --test`
 (extra `mpi`): these tests never skip.
 """
@@ -13,9 +13,10 @@ import sys
 import time
 from pathlib import Path
 
-from sync_workers import digests, state_for
+from helpers.paths import HELPERS
+from helpers.sync_workers import digests, state_for
 
-WORKER = str(Path(__file__).with_name("sync_workers.py"))
+WORKER = str(HELPERS / "sync_workers.py")
 MPIEXEC = str(Path(sys.executable).with_name("mpiexec"))
 
 
