@@ -16,14 +16,12 @@ verl's masked GAE does.
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 from typing import Literal, NamedTuple
 
 import torch
 
 from rft_hpc.algorithms.aggregation import masked_whiten
-from rft_hpc.batch.tokens import TokenBatch
 
 
 @dataclass(frozen=True)
@@ -35,19 +33,6 @@ class AdvantageBatch:
     group_ids: torch.Tensor | None = None  # [B] records of one task share an id (GRPO...)
     values: torch.Tensor | None = None  # [B, T] critic values V(s_j) at each position (GAE)
     kl_penalty: torch.Tensor | None = None  # [B, T] per-token penalty (kl_reward_penalty)
-
-    @classmethod
-    def from_token_batch(cls, batch: TokenBatch, **fields: torch.Tensor | None) -> AdvantageBatch:
-        """The rewards, group ids and mask of a collated batch of experiences (plus
-        `values` / `kl_penalty` when given)."""
-        if batch.rewards is None:
-            raise ValueError("the batch has no rewards (not all records are experiences)")
-        return cls(rewards=batch.rewards, mask=batch.loss_mask, group_ids=batch.group_ids,
-                   **fields)
-
-    def with_fields(self, **fields: torch.Tensor | None) -> AdvantageBatch:
-        """A copy with `fields` replaced."""
-        return dataclasses.replace(self, **fields)
 
     def scores(self) -> torch.Tensor:
         """Each record's score [B] float64: its reward minus its summed KL penalty."""

@@ -87,12 +87,6 @@ def check_env(name: str, args: dict[str, Any]) -> None:
         pass
 
 
-def registered_envs() -> list[str]:
-    """The names `explorer.workflow.env` may give without an import path."""
-    _register_builtins()
-    return sorted(ENVIRONMENTS)
-
-
 def _register_builtins() -> None:
     from rft_hpc.config.workflow import BUILTIN_ENVS
 

@@ -152,16 +152,6 @@ def merge_stages(stages: list[StateDict], layout: Layout) -> StateDict:
     return out
 
 
-def merge_shards(shards: Mapping[tuple[int, int], Mapping[str, torch.Tensor]], layout: Layout
-                 ) -> StateDict:
-    """Inverse of `shard_state`: the full state dict from every rank's shard."""
-    tp = layout.tensor_parallel
-    stages = []
-    for stage in range(layout.pipeline_parallel):
-        keys = shards[stage, 0].keys()
-        stages.append({k: merge_tensor([shards[stage, r][k] for r in range(tp)], tp_cut(k))
-                       for k in keys})
-    return merge_stages(stages, layout)
 
 
 def gather_full_state(local: Mapping[str, torch.Tensor], layout: Layout,

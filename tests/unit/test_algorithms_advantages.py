@@ -18,8 +18,6 @@ from rft_hpc.algorithms import (
     reinforce_plus_plus,
     rloo,
 )
-from rft_hpc.batch.tokens import collate
-from rft_hpc.buffer.records import Experience
 
 LN2, LN3 = math.log(2.0), math.log(3.0)
 
@@ -186,12 +184,8 @@ def test_gae_matches_a_plain_loop_with_multi_turn_masks(rng):
     torch.testing.assert_close(ret, torch.tensor(want_ret), rtol=1e-5, atol=1e-6)
 
 
-def test_advantage_batch_from_collated_experiences():
-    a = Experience(tokens=[5, 6, 7, 8], prompt_length=2, reward=1.0, group_id=3)
-    b = Experience(tokens=[9, 10, 11], prompt_length=1, reward=0.0, group_id=3)
-    batch = AdvantageBatch.from_token_batch(collate([a, b]))
-    # loss masks [0,1,1] and [1,1,0]; group mean 0.5, std 0.5 -> +-1 (eps 0)
-    adv, _ = grpo(batch, epsilon=0.0)
-    torch.testing.assert_close(adv, _t([[0, 1, 1], [-1, -1, 0]]))
-    with pytest.raises(ValueError, match="group_ids"):
-        rloo(batch.with_fields(group_ids=None))
+@pytest.mark.parametrize("fn", [grpo, rloo, opmd])
+def test_group_methods_name_the_missing_group_ids(fn):
+    batch = AdvantageBatch(rewards=torch.tensor([1.0, 0.0]), mask=torch.ones(2, 1))
+    with pytest.raises(ValueError, match=f"the {fn.__name__} advantage needs group_ids"):
+        fn(batch)
