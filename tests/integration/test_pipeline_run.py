@@ -33,6 +33,13 @@ def records(buffer):
     return [r for _, p in iter_segments(buffer) for r in read_segment(p).records()]
 
 
+def test_the_example_config_validates():
+    result = rft("validate", "configs/pipeline.yaml")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == ("OK: configs/pipeline.yaml (mode=both, 2 explorer(s), "
+                                     "trainer grpo)")
+
+
 @pytest.fixture(scope="module")
 def stage(tmp_path_factory, tiny_model):
     """A 4-step GRPO stage of configs/pipeline.yaml straight from the tiny model, one

@@ -18,8 +18,6 @@ from rft_hpc.trainer.algorithm import AlgorithmPlan
 from rft_hpc.trainer.checkpoint import load_trainer_state, save_trainer_state
 from rft_hpc.trainer.trainer import Trainer
 
-ROOT = Path(__file__).resolve().parents[1]
-
 
 def config_file(tmp_path: Path, model: Path, **sections: object) -> Path:
     data = {"run": {"root": str(tmp_path), "seed": 0}, "model": {"path": str(model)},
