@@ -84,6 +84,7 @@ def installed(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return venv / "bin"
 
 
+@pytest.mark.timeout(480)  # ~100 s here under a load of 10 on 2 cores; CI runs slower
 def test_the_wheel_installed_outside_the_checkout_runs_the_demo(
         installed: Path, slurm_env: dict[str, str], tmp_path: Path) -> None:
     work = tmp_path / "work"
