@@ -1,2 +1,1 @@
-"""The sbatch templates, installed as package `rft_hpc.slurm` (setup.py; read by
-rft_hpc/launch/sbatch.py with importlib.resources). Edit the templates here."""
+"""The sbatch templates, shipped as package rft_hpc.slurm (setup.py); edit them here."""
