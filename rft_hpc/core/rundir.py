@@ -9,7 +9,7 @@ Layout (docs/run-directory.md, version 1)::
       ckpt/trainer/step-<NNNNNN>/   full trainer state; ckpt/LATEST
       state/               explorer cursors, heartbeats, rendezvous files, job ids
       metrics/             JSONL per role + TensorBoard events
-      jobs/                submitit folders, sbatch scripts, logs
+      jobs/                sbatch scripts, logs
 
 Every file another role reads is written with `atomic_write_bytes` (or one of its wrappers):
 temporary name, flush, fsync, rename, fsync of the folder. No file locks are used anywhere.
@@ -120,43 +120,49 @@ def is_temporary(name: str) -> bool:
 
 @dataclass(frozen=True)
 class RunDir:
-    """Paths inside one run directory. Creating the object touches nothing on disk."""
+    """Every path of one run (or stage) directory (docs/run-directory.md); the inner layout
+    of `weights/` and `ckpt/` belongs to their formats (`rft_hpc.sync.checkpoint`,
+    `rft_hpc.trainer.checkpoint`). Creating the object touches nothing on disk."""
 
     root: Path
 
     @property
     def config(self) -> Path:
+        """`config.yaml`: the resolved config, frozen at the first start."""
         return self.root / "config.yaml"
 
     @property
     def buffer(self) -> Path:
+        """`buffer/`: experience segments, one folder per writer."""
         return self.root / "buffer"
 
     @property
     def weights(self) -> Path:
+        """`weights/`: published weight versions and their `LATEST` pointer."""
         return self.root / "weights"
 
     @property
     def weights_latest(self) -> Path:
+        """`weights/LATEST`: the newest published version's number."""
         return self.weights / "LATEST"
 
     def weights_version(self, version: int) -> Path:
+        """`weights/v<NNNNNN>/`: one published version (docs/weights-format.md)."""
         return self.weights / weights_folder_name(version)
 
     @property
     def ckpt(self) -> Path:
+        """`ckpt/`: trainer checkpoints and their `LATEST` pointer."""
         return self.root / "ckpt"
 
     @property
-    def ckpt_latest(self) -> Path:
-        return self.ckpt / "LATEST"
-
-    def trainer_ckpt(self, step: int) -> Path:
-        return self.ckpt / "trainer" / trainer_step_folder_name(step)
-
-    @property
     def state(self) -> Path:
+        """`state/`: heartbeats, cursors, rendezvous files, job ids."""
         return self.root / "state"
+
+    def heartbeat(self, role: str) -> Path:
+        """`state/<role>.json`: the role's last heartbeat (status, step, version ...)."""
+        return self.state / f"{role}.json"
 
     @property
     def processes(self) -> Path:
@@ -164,16 +170,88 @@ class RunDir:
         return self.state / "processes.json"
 
     @property
+    def jobs_record(self) -> Path:
+        """`state/jobs.json`: every submission's Slurm jobs."""
+        return self.state / "jobs.json"
+
+    @property
+    def resume_lock(self) -> Path:
+        """`state/resume.lock/`: held while `rft-hpc resume` runs (a folder: mkdir is atomic)."""
+        return self.state / "resume.lock"
+
+    @property
+    def launcher_clock(self) -> Path:
+        """`state/launcher.json`: when the local launcher started the stage."""
+        return self.state / "launcher.json"
+
+    @property
+    def stage_result(self) -> Path:
+        """`state/result.json`: a finished stage's figures."""
+        return self.state / "result.json"
+
+    def sync_state(self, method: str) -> Path:
+        """`state/sync/<method>/`: rendezvous files of a weight-sync fabric."""
+        return self.state / "sync" / method
+
+    def pipeline_stats(self, role: str) -> Path:
+        """`state/pipeline/<role>.jsonl`: the explorer-side pipeline's task statistics."""
+        return self.state / "pipeline" / f"{role}.jsonl"
+
+    @property
+    def ledger(self) -> Path:
+        """`ledger/`: each role's ledger of what it did (docs/ledger.md)."""
+        return self.root / "ledger"
+
+    def ledger_file(self, role: str) -> Path:
+        """`ledger/<role>.jsonl`."""
+        return self.ledger / f"{role}.jsonl"
+
+    @property
     def metrics(self) -> Path:
+        """`metrics/`: JSONL per role and TensorBoard events."""
         return self.root / "metrics"
+
+    def metrics_file(self, role: str) -> Path:
+        """`metrics/<role>.jsonl`."""
+        return self.metrics / f"{role}.jsonl"
 
     @property
     def jobs(self) -> Path:
+        """`jobs/`: sbatch scripts and the roles' logs."""
         return self.root / "jobs"
+
+    def log(self, name: str) -> Path:
+        """`jobs/<name>.log`: a role's or job's log (`%a` in `name` for an array task)."""
+        return self.jobs / f"{name}.log"
 
     @property
     def eval(self) -> Path:
+        """`eval/`: the evaluator's results, one file per weights version."""
         return self.root / "eval"
+
+    @property
+    def bench(self) -> Path:
+        """`bench/`: a stage in mode bench (plan, results, logs)."""
+        return self.root / "bench"
+
+    @property
+    def stages(self) -> Path:
+        """`stages/`: one stage directory per stage of a multi-stage run."""
+        return self.root / "stages"
+
+    def stage(self, index: int, name: str) -> RunDir:
+        """`stages/<index>-<name>/`: a stage directory, itself laid out as a run directory."""
+        return RunDir(self.stages / f"{index}-{name}")
+
+    @property
+    def summary(self) -> Path:
+        """`summary.json`: the run's figures when it ended."""
+        return self.root / "summary.json"
+
+    @property
+    def report(self) -> Path:
+        """`report.png`: the run's curves."""
+        return self.root / "report.png"
 
     def create(self) -> RunDir:
         """Create the folders of the layout (idempotent) and record the layout version."""

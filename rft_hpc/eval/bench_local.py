@@ -79,8 +79,8 @@ def run_bench_stage(stage: Path) -> dict[str, Any]:
     before it on the stage's eval split, k = n = `explorer.repeat`, into `<stage>/bench`.
     Its heartbeat (role `bench`) and log count the scored tasks as its steps."""
     setup_logging("bench")
-    config = load_config(stage / "config.yaml")
-    folder = stage / "bench"
+    config = load_config(RunDir(stage).config)
+    folder = RunDir(stage).bench
     if not (folder / PLAN_FILE).exists():  # a restarted stage keeps its plan and results
         config = config.model_copy(update={"model": config.model.model_copy(
             update={"start_weights": None})})

@@ -72,5 +72,5 @@ def run_evaluator(stage_dir: Path, index: int) -> dict[str, Any]:
 
 
 def _final_version(run: RunDir) -> int | None:
-    path = run.state / "trainer.json"
+    path = run.heartbeat("trainer")
     return read_json(path).get("final_version") if path.exists() else None

@@ -30,17 +30,17 @@ def submit_bench(folder: Path) -> dict[str, list[str]]:
     array = render_script(
         ctx, settings, key="launch.slurm.evaluator",
         title="bench: score one checkpoint on one task set (array task = pair index)",
-        job_name="bench", log=run.jobs / "bench-%a.log",
+        job_name="bench", log=run.log("bench-%a"),
         command=role_command("bench", folder, ARRAY_INDEX, python=ctx.python(settings)),
         threads=plan["threads"], state=run.state, array=f"0-{count - 1}{par}",
         record="slurm-bench-$SLURM_ARRAY_TASK_ID")
     collect = render_script(
         ctx, helper, key="launch.slurm.helper", title="bench: collect results.json",
-        job_name="bench-collect", log=run.jobs / "bench-collect.log",
+        job_name="bench-collect", log=run.log("bench-collect"),
         command=role_command("bench-collect", folder, python=ctx.python(helper)), threads=1)
     jobs = [Job("bench", "bench", "launch.slurm.evaluator", array, (), count, None,
-                tuple(run.jobs / f"bench-{i}.log" for i in range(count))),
+                tuple(run.log(f"bench-{i}") for i in range(count))),
             Job("bench-collect", "bench-collect", "launch.slurm.helper", collect, ("bench",),
-                None, None, (run.jobs / "bench-collect.log",))]
+                None, None, (run.log("bench-collect"),))]
     check_resources(jobs)
     return submit_jobs(run, jobs)

@@ -18,6 +18,7 @@ from typing import Any
 from rft_hpc.config import ExperimentConfig, load_config
 from rft_hpc.core.errors import UserError
 from rft_hpc.core.rundir import RunDir, open_run_dir, read_json
+from rft_hpc.eval.bench import RESULTS_FILE
 from rft_hpc.eval.results import result_path
 from rft_hpc.launch.sbatch import Job, with_array_tasks
 from rft_hpc.launch.status import job_states
@@ -31,7 +32,6 @@ from rft_hpc.launch.submit import (
     submissions,
     submit_jobs,
 )
-from rft_hpc.run.stages import stage_dir
 from rft_hpc.runtime.common import role_status
 
 ALIVE = frozenset({"PENDING", "RUNNING", "REQUEUED", "SUSPENDED", "COMPLETING", "CONFIGURING",
@@ -49,7 +49,7 @@ def resume_run(path: Path, lock_timeout: float = 300.0) -> SubmitResult:
     of one run (watchers of two failed jobs) take turns: the second finds the first's jobs
     queued and submits nothing."""
     run = open_run_dir(path)
-    with _lock(run.state / "resume.lock", lock_timeout):
+    with _lock(run.resume_lock, lock_timeout):
         return _resume(run)
 
 
@@ -143,10 +143,10 @@ def _work_left(job: Job, config: ExperimentConfig, run: RunDir) -> list[int]:
     """What of `job` is not done yet: its unfinished array tasks, or [0] for a plain job
     that still has work ([] when it has none)."""
     if job.role == "finalize":
-        return [] if (run.root / "summary.json").exists() else [0]
+        return [] if run.summary.exists() else [0]
     index, stage = next((i, s) for i, (n, s) in enumerate(config.stage_configs())
                         if n == job.stage)
-    stage_run = RunDir(stage_dir(run, index, job.stage or ""))
+    stage_run = run.stage(index, job.stage or "")
     if job.role == "prepare":
         return [] if stage_run.config.exists() else [0]
     if job.role == "trainer":
@@ -155,7 +155,7 @@ def _work_left(job: Job, config: ExperimentConfig, run: RunDir) -> list[int]:
         return [i for i in range(stage.explorer.count)
                 if role_status(stage_run, f"explorer-{i}") != "done"]
     if job.role == "bench":  # a stage in mode bench: done once it has collected
-        return [] if (stage_run.root / "bench" / "results.json").exists() else [0]
+        return [] if (stage_run.bench / RESULTS_FILE).exists() else [0]
     if job.role == "evaluator":
         versions = stage.eval.scored_versions(stage.trainer.steps)
         return [i for i, v in enumerate(versions) if not result_path(stage_run, v).exists()
@@ -166,7 +166,7 @@ def _work_left(job: Job, config: ExperimentConfig, run: RunDir) -> list[int]:
 def _evaluated_last(stage: RunDir) -> bool:
     """The last evaluator task scores the trainer's final version, which may be earlier
     than trainer.steps when the data ran out."""
-    path = stage.state / "trainer.json"
+    path = stage.heartbeat("trainer")
     if not path.exists():
         return False
     final = read_json(path).get("final_version")

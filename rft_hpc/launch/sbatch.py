@@ -213,25 +213,25 @@ def role_job(ctx: JobContext, role: str, stage_run: RunDir, stage: str, *, threa
         par = f"%{settings.array_parallelism}" if settings.array_parallelism else ""
         script = render_script(
             ctx, settings, key=key, title=_ARRAY_TITLES[role].format(stage=stage),
-            job_name=name, log=stage_run.jobs / f"{role}-%a.log",
+            job_name=name, log=stage_run.log(f"{role}-%a"),
             command=role_command(role, stage_run.root, ARRAY_INDEX,
                                  python=ctx.python(settings)),
             threads=threads, state=stage_run.state, array=f"0-{count - 1}{par}",
             record=f"slurm-{role}-$SLURM_ARRAY_TASK_ID", srun_options=srun_options,
             requeue_needs=f"{ctx.run.root.name}.{stage}.trainer" if with_trainer else None)
-        logs = tuple(stage_run.jobs / f"{role}-{i}.log" for i in range(count))
+        logs = tuple(stage_run.log(f"{role}-{i}") for i in range(count))
         return Job(name, role, key, script, after, count, stage, logs)
     # Ranks meet through a file store on the run directory (no MASTER_ADDR to resolve).
     dist = {"RFT_DIST_INIT_FILE": "$state/dist-$SLURM_JOB_ID"}
     script = render_script(
         ctx, settings, key=key,
         title=f"trainer of stage {stage}, {_count(settings.tasks(), 'rank')}",
-        job_name=name, log=stage_run.jobs / "trainer.log",
+        job_name=name, log=stage_run.log("trainer"),
         command=role_command("trainer", stage_run.root, python=ctx.python(settings)),
         threads=threads, state=stage_run.state, env=dist, record="slurm-trainer",
         srun_options=srun_options)
     return Job(name, role, key, script, after, None, stage,
-               (stage_run.jobs / "trainer.log",))
+               (stage_run.log("trainer"),))
 
 
 def bench_stage_job(ctx: JobContext, stage_run: RunDir, stage: str, *, threads: int,
@@ -240,7 +240,7 @@ def bench_stage_job(ctx: JobContext, stage_run: RunDir, stage: str, *, threads: 
     checkpoints to score exist only once the stages before have run; its bench tasks run
     as processes inside it."""
     settings = ctx.launch.slurm.evaluator
-    log = stage_run.jobs / "bench.log"
+    log = stage_run.log("bench")
     script = render_script(
         ctx, settings, key="launch.slurm.evaluator",
         title=f"bench of stage {stage}: every checkpoint of the stages before",
@@ -262,7 +262,7 @@ def helper_job(ctx: JobContext, name: str, role: str, *, index: int | None = Non
                after: tuple[str, ...] = (), stage: str | None = None) -> Job:
     """A small job of the launcher's own: prepare stage `index`, or finalize the run."""
     settings = ctx.launch.slurm.helper_settings()
-    log = ctx.run.jobs / f"{name}.log"
+    log = ctx.run.log(name)
     title = (f"prepare stage {stage} after the one before" if role == "prepare"
              else "finalize the run: summary.json and report.png")
     script = render_script(ctx, settings, key="launch.slurm.helper", title=title,
@@ -280,7 +280,7 @@ def watch_job(ctx: JobContext, watched: Job) -> Job:
     `resume` takes a lock on the run instead.)"""
     settings = ctx.launch.slurm.helper_settings()
     name = f"{watched.name}.watch"
-    log = ctx.run.jobs / "watch.log"
+    log = ctx.run.log("watch")
     script = render_script(ctx, settings, key="launch.slurm.helper",
                            title=f"resume the run if {watched.name} fails", job_name="watch",
                            log=log, command=role_command("resume", ctx.run.root,

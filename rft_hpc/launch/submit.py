@@ -40,12 +40,11 @@ from rft_hpc.run.stages import (
     prepare_model,
     prepare_stage,
     run_root,
-    stage_dir,
     stage_result,
     start_weights,
 )
 
-JOBS_FILE = "jobs.json"
+JOBS_FILE = "jobs.json"  # in state/ (RunDir.jobs_record)
 """`<run>/state/jobs.json`: every submission of the run, with its jobs' Slurm ids."""
 
 # Words of Slurm's refusals, and the setting each one points at.
@@ -129,7 +128,7 @@ def _load(config_path: Path, overrides: Sequence[str] | None, name: str | None,
 def first_unfinished(config: ExperimentConfig, run: RunDir) -> int | None:
     """Index of the first stage without a result, or None when every stage has one."""
     for index, (name, _) in enumerate(config.stage_configs()):
-        if stage_result(RunDir(stage_dir(run, index, name))) is None:
+        if stage_result(run.stage(index, name)) is None:
             return index
     return None
 
@@ -159,7 +158,7 @@ def _plan(config: ExperimentConfig, run: RunDir, first: int, *, source: str,
     for index, (name, stage) in enumerate(config.stage_configs()):
         if index < first:
             continue
-        stage_run = RunDir(stage_dir(run, index, name))
+        stage_run = run.stage(index, name)
         if index > first:
             jobs.append(helper_job(ctx, f"{name}.prepare", "prepare", index=index,
                                    after=after, stage=name))
@@ -190,10 +189,10 @@ def _plan(config: ExperimentConfig, run: RunDir, first: int, *, source: str,
 
 def prepare_first_stage(config: ExperimentConfig, run: RunDir, first: int) -> None:
     """Lay out stage `first` (idempotent), starting from the weights of the stages before."""
-    results = [stage_result(RunDir(stage_dir(run, i, n)))
+    results = [stage_result(run.stage(i, n))
                for i, (n, _) in enumerate(config.stage_configs()[:first])]
     name, stage = config.stage_configs()[first]
-    prepare_stage(stage, stage_dir(run, first, name), start_weights([r for r in results if r]))
+    prepare_stage(stage, run.stage(first, name).root, start_weights([r for r in results if r]))
 
 
 def require_slurm() -> None:
@@ -240,7 +239,7 @@ def _refuse_if_queued(run: RunDir) -> None:
 
 def submissions(run: RunDir) -> list[dict[str, Any]]:
     """Every submission of the run recorded in `state/jobs.json`, oldest first."""
-    path = run.state / JOBS_FILE
+    path = run.jobs_record
     return read_json(path)["submissions"] if path.exists() else []
 
 
@@ -271,7 +270,7 @@ def submit_jobs(run: RunDir, jobs: list[Job], *, kept: list[dict[str, Any]] | No
     dependency on a job neither kept nor submitted here is taken as satisfied (its work is
     done).
     """
-    path = run.state / JOBS_FILE
+    path = run.jobs_record
     record = {"submissions": submissions(run)}
     entry: dict[str, Any] = {"time": time.time(), "auto_resume": auto_resume,
                              "resume": resumed, "jobs": [dict(j, kept=True) for j in kept or []]}

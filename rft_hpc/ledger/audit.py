@@ -18,7 +18,7 @@ from typing import Any
 
 from rft_hpc.config import ExperimentConfig, load_config
 from rft_hpc.core.errors import UserError
-from rft_hpc.core.rundir import open_run_dir, read_json
+from rft_hpc.core.rundir import RunDir, open_run_dir, read_json
 from rft_hpc.ledger.buffer_scan import BufferScan, Ref, scan_buffer
 from rft_hpc.ledger.replay import History, LedgerError, replay, sequence_problems
 
@@ -94,11 +94,11 @@ def audit_run(path: Path) -> AuditReport:
     `UserError`) naming the file and line of a ledger that cannot be read.
     """
     root = open_run_dir(path).root
-    stages_dir = root / "stages"
+    stages_dir = RunDir(root).stages
     if stages_dir.is_dir():
         stages = sorted((d for d in stages_dir.iterdir() if (d / "config.yaml").is_file()),
                         key=_stage_order)
-    elif (root / "ledger").is_dir() or (root / "buffer").is_dir():
+    elif RunDir(root).ledger.is_dir() or RunDir(root).buffer.is_dir():
         stages = [root]
     else:
         raise UserError(f"{path} has no stages (stages/<i>-<name>/) and is not a stage "
@@ -116,17 +116,17 @@ def _stage_order(stage: Path) -> tuple[int, str]:
 def _load_config(stage: Path) -> ExperimentConfig:
     # The audit needs the buffer and trainer settings only: a model folder purged from
     # scratch since the run must not stop it.
-    return load_config(stage / "config.yaml", overrides=["model.path=null"])
+    return load_config(RunDir(stage).config, overrides=["model.path=null"])
 
 
 def audit_stage(stage: Path) -> StageAudit:
     """Audit one stage directory (`config.yaml`, `buffer/`, `ledger/`, `state/`)."""
     config = _load_config(stage)
-    scan = scan_buffer(stage / "buffer")
+    scan = scan_buffer(RunDir(stage).buffer)
     audit = StageAudit(stage.name, stage)
-    state_path = stage / "state" / "trainer.json"
+    state_path = RunDir(stage).heartbeat("trainer")
     state = read_json(state_path) if state_path.is_file() else None
-    ledger = stage / "ledger" / "trainer.jsonl"
+    ledger = RunDir(stage).ledger_file("trainer")
     if ledger.is_file():
         _audit_trainer(audit, replay(ledger, trainer=True), config, scan, state)
     elif state is not None:
@@ -259,7 +259,7 @@ def _unconsumed(scan: BufferScan, consumed: set[Ref], *, fifo: bool) -> tuple[in
 
 
 def _audit_explorers(audit: StageAudit, stage: Path, scan: BufferScan) -> None:
-    ledgers = {p.stem: p for p in (stage / "ledger").glob("explorer-*.jsonl")}
+    ledgers = {p.stem: p for p in RunDir(stage).ledger.glob("explorer-*.jsonl")}
     names = sorted(set(ledgers) | {w for w in scan.writers() if w.startswith("explorer-")},
                    key=_stage_order_name)
     if not names:

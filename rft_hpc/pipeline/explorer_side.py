@@ -58,7 +58,7 @@ class ExplorerPipeline:
         self.config, self.index = config, index
         self.pipe = config.pipeline
         self.stream = build_task_stream(config)
-        self.stats = (TaskStats(run.state / "pipeline" / f"explorer-{index}.jsonl",
+        self.stats = (TaskStats(run.pipeline_stats(f"explorer-{index}"),
                                 committed_step, durable=config.buffer.fsync)
                       if self.pipe.uses_pass_rates() else None)
 

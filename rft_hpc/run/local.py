@@ -28,7 +28,6 @@ from rft_hpc.run.stages import (
     finish_stage,
     open_run,
     prepare_stage,
-    stage_dir,
     stage_result,
 )
 from rft_hpc.run.summary import write_report, write_summary
@@ -199,7 +198,7 @@ def _run_stages(config: ExperimentConfig, run: RunDir, record: ProcessRecord,
     results = []
     t_run = time.monotonic()
     for index, (name, stage) in enumerate(config.stage_configs()):
-        folder = stage_dir(run, index, name)
+        folder = run.stage(index, name).root
         done = stage_result(RunDir(folder))
         if done is None:
             stage_run = prepare_stage(stage, folder, start_weights)

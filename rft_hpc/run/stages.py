@@ -22,6 +22,7 @@ from rft_hpc.config import ExperimentConfig, load_config
 from rft_hpc.config.launch import LaunchConfig
 from rft_hpc.core.errors import UserError
 from rft_hpc.core.rundir import RunDir, atomic_write_json, atomic_write_text, read_json
+from rft_hpc.eval.bench import RESULTS_FILE
 from rft_hpc.monitor.metrics import read_metrics
 from rft_hpc.runtime.common import freeze_config
 from rft_hpc.tasks.source import build_tasks
@@ -144,11 +145,6 @@ def _config_text(config: ExperimentConfig) -> str:
     return yaml.safe_dump(data, sort_keys=False)
 
 
-def stage_dir(run: RunDir, index: int, name: str) -> Path:
-    """Folder of stage `index` (a run directory of its own)."""
-    return run.root / "stages" / f"{index}-{name}"
-
-
 def prepare_stage(config: ExperimentConfig, folder: Path, start_weights: Path | None) -> RunDir:
     """Create a stage's run directory, freeze its config, import its offline data once."""
     stage = config.model_copy(update={"model": config.model.model_copy(
@@ -186,7 +182,7 @@ def _import_offline_data(config: ExperimentConfig, run: RunDir) -> None:
 
 def stage_result(run: RunDir) -> dict | None:
     """The result record of a finished stage, or None if it has not finished."""
-    path = run.state / "result.json"
+    path = run.stage_result
     return read_json(path) if path.exists() else None
 
 
@@ -195,12 +191,12 @@ def finish_stage(config: ExperimentConfig, run: RunDir, name: str, seconds: floa
 
     Raises `UserError` when the trainer stopped before its last step: the stage must resume.
     """
-    trainer_state = run.state / "trainer.json"
+    trainer_state = run.heartbeat("trainer")
     trainer = read_json(trainer_state) if trainer_state.exists() else {}
     if config.mode in ("both", "train") and trainer.get("status") != "done":
         raise UserError(f"stage {name}: the trainer stopped before its last step; run the same "
                         "command again to resume")
-    evals = [r["eval_accuracy"] for r in read_metrics(run.metrics / "trainer.jsonl")
+    evals = [r["eval_accuracy"] for r in read_metrics(run.metrics_file("trainer"))
              if r.get("eval_accuracy") is not None]
     explorer_steps = sum(read_json(p).get("step", 0) for p in run.state.glob("explorer-*.json"))
     version = trainer.get("final_version")
@@ -210,8 +206,8 @@ def finish_stage(config: ExperimentConfig, run: RunDir, name: str, seconds: floa
               "eval_final": evals[-1] if evals else None,
               "weights": str(run.weights_version(version)) if version is not None else None}
     if config.mode == "bench":
-        result["bench"] = str(run.root / "bench" / "results.json")
-    atomic_write_json(run.state / "result.json", result)
+        result["bench"] = str(run.bench / RESULTS_FILE)
+    atomic_write_json(run.stage_result, result)
     return result
 
 
@@ -221,7 +217,7 @@ def finished_stages(config: ExperimentConfig, run: RunDir, count: int,
     no result yet (a batch launcher learns only afterwards that they ended)."""
     results = []
     for index, (name, stage) in enumerate(config.stage_configs()[:count]):
-        folder = RunDir(stage_dir(run, index, name))
+        folder = run.stage(index, name)
         done = stage_result(folder)
         results.append(done if done is not None
                        else finish_stage(stage, folder, name, seconds(folder)))
@@ -238,5 +234,5 @@ def prepare_next_stage(run: RunDir, index: int, seconds: StageSeconds) -> RunDir
     config = load_config(run.config)
     results = finished_stages(config, run, index, seconds)
     name, stage = config.stage_configs()[index]
-    return prepare_stage(stage, stage_dir(run, index, name), start_weights(results))
+    return prepare_stage(stage, run.stage(index, name).root, start_weights(results))
 

@@ -9,7 +9,7 @@ from rft_hpc.config import load_config
 from rft_hpc.core.rundir import RunDir, atomic_write_json
 from rft_hpc.eval.results import evaluation_results
 from rft_hpc.monitor.metrics import read_metrics
-from rft_hpc.run.stages import StageSeconds, finished_stages, stage_dir
+from rft_hpc.run.stages import StageSeconds, finished_stages
 
 SUMMARY_VERSION = 1
 _EVAL_KEYS = ("version", "taskset", "metric", "accuracy", "tasks")
@@ -37,9 +37,9 @@ def write_summary(run: RunDir, stages: list[dict[str, Any]], *,
         "stages": stages,
         "evaluator": [{"stage": s["name"], **{k: r[k] for k in _EVAL_KEYS}}
                       for index, s in enumerate(stages)
-                      for r in evaluation_results(RunDir(stage_dir(run, index, s["name"])))],
+                      for r in evaluation_results(run.stage(index, s["name"]))],
     }
-    atomic_write_json(run.root / "summary.json", summary)
+    atomic_write_json(run.summary, summary)
     return summary
 
 
@@ -63,8 +63,8 @@ def write_report(run: RunDir, stages: list[dict[str, Any]]) -> Path:
     fig, (ax_r, ax_e) = plt.subplots(1, 2, figsize=(11, 4))
     offset = 0
     for index, stage in enumerate(stages):
-        folder = RunDir(stage_dir(run, index, stage["name"]))
-        trainer = read_metrics(folder.metrics / "trainer.jsonl")
+        folder = run.stage(index, stage["name"])
+        trainer = read_metrics(folder.metrics_file("trainer"))
         evals = [(offset + r["step"], r["eval_accuracy"]) for r in trainer
                  if r.get("eval_accuracy") is not None]
         if evals:
@@ -86,7 +86,7 @@ def write_report(run: RunDir, stages: list[dict[str, Any]]) -> Path:
             ax.legend()
         ax.grid(alpha=0.3)
     fig.tight_layout()
-    path = run.root / "report.png"
+    path = run.report
     fig.savefig(path, dpi=100)
     plt.close(fig)
     return path

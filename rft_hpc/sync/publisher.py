@@ -30,7 +30,7 @@ log = logging.getLogger(__name__)
 
 def sync_folder(run: RunDir, method: str) -> Path:
     """Where the trainer and the explorers of a stage meet for the `method` sync."""
-    return run.state / "sync" / method
+    return run.sync_state(method)
 
 
 def fabric_backend() -> str:

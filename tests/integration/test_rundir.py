@@ -12,8 +12,9 @@ def test_create_lays_out_every_folder(tmp_path):
     for folder in (run.buffer, run.weights, run.ckpt, run.state, run.metrics, run.jobs):
         assert folder.is_dir()
     assert (run.root / "RUNDIR_VERSION").read_text() == "1\n"
-    assert run.weights_version(12).name == "v000012"
-    assert run.trainer_ckpt(7).name == "step-000007"
+    assert run.stage(1, "grpo").heartbeat("trainer") == \
+        tmp_path / "run" / "stages" / "1-grpo" / "state" / "trainer.json"
+    assert run.log("explorer-%a").name == "explorer-%a.log"
     RunDir(tmp_path / "run").create()  # idempotent
 
 
