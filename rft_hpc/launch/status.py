@@ -77,7 +77,7 @@ def run_status(path: Path) -> dict[str, Any]:
                "stage": entry["stage"], "state": _overall(list(mine.values())), "tasks": mine}
         (watchers if entry["role"] == "watch" else jobs).append(job)
     roles = list(heartbeats(run))
-    summary = run.root / "summary.json"
+    summary = run.summary
     active = any(j["state"] not in FAILED | {"COMPLETED"} for j in jobs)
     failed = any(j["state"] in FAILED for j in jobs)
     cancelled = failed and all(j["state"] in ("CANCELLED", "COMPLETED") for j in jobs)

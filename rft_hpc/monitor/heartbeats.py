@@ -21,7 +21,7 @@ def heartbeats(run: RunDir) -> Iterator[dict[str, Any]]:
     """Each role's last heartbeat in each stage: status, pid, step, total, version, age,
     rate (steps/s), eta (seconds left), backlog, restarts, redone."""
     now = time.time()
-    for stage in sorted((run.root / "stages").glob("*")):
+    for stage in sorted(run.stages.glob("*")):
         state = RunDir(stage).state
         for path in sorted(state.glob("*.json")):
             if path.stem in NOT_HEARTBEATS or path.stem.startswith(("slurm-", ".")):
@@ -30,12 +30,9 @@ def heartbeats(run: RunDir) -> Iterator[dict[str, Any]]:
                 beat = read_json(path)
             except (OSError, ValueError):
                 continue  # gone since the glob (a stage reset)
-            version = beat.get("version")
-            if path.stem == "trainer":
-                version = next((v for v in (beat.get("final_version"), version)
-                                if v is not None), None)
-                if version is None:
-                    version = _published(RunDir(stage))
+            version = beat.get("version")  # the trainer's: the last it published
+            if path.stem == "trainer" and beat.get("final_version") is not None:
+                version = beat["final_version"]
             p = progress(beat)
             yield {"stage": stage.name, "role": path.stem, "status": beat.get("status"),
                    "pid": beat.get("pid"), "step": beat.get("step"), "total": p.total,
@@ -44,11 +41,3 @@ def heartbeats(run: RunDir) -> Iterator[dict[str, Any]]:
                    "rate": p.rate, "eta": p.eta, "backlog": beat.get("backlog"),
                    "restarts": beat.get("restarts", 0), "redone": beat.get("redone", 0)}
 
-
-def _published(stage: RunDir) -> int | None:
-    # weights/LATEST holds "<version>\n" (docs/weights-format.md); read here without the
-    # sync module, which imports torch: status must answer quickly.
-    try:
-        return int(stage.weights_latest.read_text().strip())
-    except (OSError, ValueError):
-        return None

@@ -57,7 +57,7 @@ def local_status(run: RunDir) -> dict[str, Any]:
         state = "running"
     else:
         state = record.get("outcome") or ("running" if not here else "dead")
-    summary = run.root / "summary.json"
+    summary = run.summary
     return {"run": str(run.root), "state": state, "local": True, "host": record.get("host"),
             "launcher": launcher["pid"] if launcher else None, "jobs": [], "roles": roles,
             "summary": str(summary) if summary.exists() else None, "submissions": 0,
