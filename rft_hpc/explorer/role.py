@@ -73,14 +73,14 @@ def run_explorer(stage_dir: Path, index: int) -> int:
         engine = SerialEngine(engine)
         multi_turn = MultiTurnExplorer(engine, cfg.workflow, TurnSettings(
             cfg.repeat, cfg.max_new_tokens, cfg.temperature), cfg.over_rollout,
-            heartbeat=run.state / f"{role}.json")
+            heartbeat=run.heartbeat(role))
     clock = JobClock(config.launch.slurm.walltime_margin)
     follower = WeightFollower(run, engine, stop, clock, build_receiver(config, run, index))
     settings = SamplingSettings(cfg.repeat, cfg.max_new_tokens, cfg.temperature)
     metrics = MetricsWriter(run.metrics, role)
     total = cfg.total_steps(config.trainer)
     step = writer.next_step
-    ledger = LedgerWriter(run.root / "ledger", role, durable=False)
+    ledger = LedgerWriter(run.ledger, role, durable=False)
     history = ledger.start(step, first_redone=step)
     started, start_step = time.time(), step
     log.info("starting at step %d of %d (weights version %s)", step, total, engine.version)

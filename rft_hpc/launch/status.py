@@ -58,7 +58,7 @@ def run_status(path: Path) -> dict[str, Any]:
     queued (or not yet in accounting), then `done` (summary.json written), `failed` or
     `cancelled`. Run by `rft-hpc run` (its last launch the newer): `local_status`."""
     run = open_run_dir(path)
-    jobs_file = run.state / JOBS_FILE
+    jobs_file = run.jobs_record
     local = run.processes.exists() and (
         not jobs_file.exists() or run.processes.stat().st_mtime > jobs_file.stat().st_mtime)
     if local:
@@ -126,8 +126,8 @@ def log_files(path: Path, role: str | None = None) -> list[Path]:
     those of submitted jobs that have not started yet."""
     run = open_run_dir(path)
     logs = {*run.root.glob("stages/*/jobs/*.log"), *run.jobs.glob("*.log")}
-    if (run.state / JOBS_FILE).exists():
-        for job in read_json(run.state / JOBS_FILE)["submissions"][-1]["jobs"]:
+    if run.jobs_record.exists():
+        for job in read_json(run.jobs_record)["submissions"][-1]["jobs"]:
             logs.update(Path(p) for p in job["logs"])
     if role is not None:
         logs = {p for p in logs if p.stem == role or p.stem.startswith(f"{role}-")

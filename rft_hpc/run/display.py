@@ -36,7 +36,7 @@ class Display:
             if config.mode in ("both", "explore"):
                 roles += [f"explorer-{i}" for i in range(config.explorer.count)]
         self.roles = roles
-        self.tails = {r: MetricsTail(run.metrics / f"{r}.jsonl") for r in roles}
+        self.tails = {r: MetricsTail(run.metrics_file(r)) for r in roles}
         self.last: dict[str, dict[str, Any]] = {r: {} for r in roles}
         self.eval: float | None = None
         self.live = console.is_terminal if live is None else live
@@ -76,7 +76,7 @@ class Display:
             console.print(self._line())
 
     def _heartbeat(self, role: str) -> dict[str, Any]:
-        path = self.run.state / f"{role}.json"
+        path = self.run.heartbeat(role)
         try:
             return read_json(path)
         except (OSError, ValueError):

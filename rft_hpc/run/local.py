@@ -70,7 +70,7 @@ class RunResult:
 
 def _start(name: str, cmd: list[str], run: RunDir, threads: int,
            record: ProcessRecord) -> RoleProcess:
-    log = run.jobs / f"{name}.log"
+    log = run.log(name)
     role = RoleProcess(name, _popen(cmd, log, threads), log, cmd, threads, record,
                        run.root.name)
     record.started(role.stage, name, role.proc.pid)
@@ -203,7 +203,7 @@ def _run_stages(config: ExperimentConfig, run: RunDir, record: ProcessRecord,
         if done is None:
             stage_run = prepare_stage(stage, folder, start_weights)
             display = Display(stage, stage_run, f"stage {index}: {name}", live=live)
-            clock = stage_run.state / "launcher.json"
+            clock = stage_run.launcher_clock
             spent = read_json(clock)["seconds"] if clock.exists() else 0.0
             t0 = time.monotonic()
             try:

@@ -76,7 +76,7 @@ def write_heartbeat(run: RunDir, role: str, **fields: Any) -> None:
     """Replace `state/<role>.json` with the role's current state and the time (and, in a
     Slurm job, how many times Slurm has restarted it)."""
     restarts = int(os.environ.get("SLURM_RESTART_COUNT", "0") or 0)
-    atomic_write_json(run.state / f"{role}.json",
+    atomic_write_json(run.heartbeat(role),
                       {"role": role, "pid": os.getpid(), "time": time.time(),
                        "restarts": restarts, **fields}, durable=False)
 
@@ -84,7 +84,7 @@ def write_heartbeat(run: RunDir, role: str, **fields: Any) -> None:
 def role_status(run: RunDir, role: str) -> str | None:
     """The status in a role's last heartbeat (`running`, `stopped`, `done`), None if none."""
     try:
-        return read_json(run.state / f"{role}.json").get("status")
+        return read_json(run.heartbeat(role)).get("status")
     except (OSError, ValueError):
         return None
 

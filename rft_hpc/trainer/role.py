@@ -199,7 +199,7 @@ def _lead(trainer: Trainer, run: RunDir, stop: StopFlag, saved: TrainerState | N
                           quarantine=True)
     # The position as of `step`: records gathered for a step that never ran stay pending.
     cursor = reader.state_dict()
-    ledger = LedgerWriter(run.root / "ledger", "trainer")
+    ledger = LedgerWriter(run.ledger, "trainer")
     history = ledger.start(step, first_redone=step + 1)
     metrics = MetricsWriter(run.metrics, "trainer")
     _, eval_tasks = build_tasks(config.tasks, config.run.seed)
