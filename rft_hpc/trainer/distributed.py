@@ -54,7 +54,8 @@ BUCKET_BYTES = 64 << 20
 
 @dataclass(frozen=True)
 class DistContext:
-    """This process's place among the trainer ranks (defaults: a single process on CPU)."""
+    """This process's place among the trainer ranks (defaults: a single process on CPU;
+    `init_distributed` gives a single process the GPU of its local rank when there is one)."""
 
     rank: int = 0
     world_size: int = 1
@@ -158,8 +159,12 @@ def init_distributed() -> DistContext:
         backend = str(dist.get_backend())
     else:
         launch = launch_from_env()
-        if launch.world_size == 1:
-            _context = DistContext(timeout=timeout)
+        if launch.world_size == 1:  # no process group; a GPU when there is one
+            device = torch.device("cpu")
+            if torch.cuda.is_available():
+                device = torch.device("cuda", launch.local_rank)
+                torch.cuda.set_device(device)
+            _context = DistContext(device=device, timeout=timeout)
             return _context
         backend = os.environ.get(ENV_BACKEND) or ("nccl" if torch.cuda.is_available()
                                                   else "gloo")
