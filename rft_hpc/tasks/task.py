@@ -1,4 +1,5 @@
-"""A task (prompt, reference answer, reward function) and task files in JSONL."""
+"""A task (a prompt string or chat messages, reference answer, reward function) and task
+files in JSONL."""
 
 from __future__ import annotations
 
@@ -12,17 +13,29 @@ from rft_hpc.core.errors import UserError
 
 @dataclass(frozen=True)
 class Task:
-    """One unit of work for an explorer: a prompt to answer, scored by `reward`."""
+    """One unit of work for an explorer: a prompt to answer, scored by `reward`.
+
+    A task has a raw `prompt` string or a chat `messages` list (`{"role", "content"}`
+    dicts, the prompt format turns them into text); a task with messages has `prompt` "".
+    """
 
     task_id: str
-    prompt: str
-    answer: str
+    prompt: str = ""
+    answer: str = ""
     reward: str = "exact_match"
     """Name of a registered reward function, or `package.module:function`."""
     taskset: str = "default"
     info: dict[str, Any] = field(default_factory=dict)
+    """The source row's other columns, for rewards and workflows."""
+    messages: list[dict[str, str]] | None = None
+    """Chat messages to answer (in place of `prompt`), or None for a raw-text task."""
+
+    def __post_init__(self) -> None:
+        if self.messages is not None and self.prompt:
+            raise ValueError(f"task {self.task_id}: has both a prompt and messages")
 
     def to_json(self) -> dict[str, Any]:
+        """The task as a JSON-ready dict (every field, `messages` None for raw text)."""
         return asdict(self)
 
 
