@@ -8,6 +8,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from rft_hpc.buffer.records import DPOPair, Record, SFTSample
+from rft_hpc.config.prompt import PromptConfig
+from rft_hpc.tasks.prompts import prompt_ids, response_ids, stop_token_ids
 from rft_hpc.tasks.task import Task
 
 
@@ -22,17 +24,22 @@ def wrong_answer(task: Task, rng: random.Random) -> str:
     return str(value + rng.choice([-1, 1]) * rng.randint(1, 10))
 
 
-def task_records(tasks: Sequence[Task], tokenizer: Any, kind: str, seed: int = 0) -> list[Record]:
-    """One record per task: an `sft` sample (prompt, answer, EOS) or a `dpo` pair (answer
-    chosen, `wrong_answer` rejected, each ending with EOS); the prompt is not trained."""
+def task_records(tasks: Sequence[Task], tokenizer: Any, kind: str, seed: int = 0, *,
+                 prompt_format: PromptConfig | None = None,
+                 stop_ids: list[int] | None = None) -> list[Record]:
+    """One record per task: an `sft` sample (prompt, answer, stop token) or a `dpo` pair
+    (answer chosen, `wrong_answer` rejected, each ending with the stop token); the prompt is
+    not trained. Prompts are the explorers' (`tasks.prompts.prompt_ids` in `prompt_format`),
+    the stop token the first of `stop_ids` (default: the tokenizer's EOS)."""
     rng = random.Random(seed)
-    eos = [tokenizer.eos_token_id]
+    fmt = prompt_format if prompt_format is not None else PromptConfig()
+    stops = stop_ids if stop_ids is not None else stop_token_ids(tokenizer, None, fmt)
     out: list[Record] = []
     for task in tasks:
-        prompt = list(tokenizer(task.prompt, add_special_tokens=True)["input_ids"])
+        prompt = prompt_ids(tokenizer, task, fmt)
 
         def encode(text: str) -> list[int]:
-            return list(tokenizer(text, add_special_tokens=False)["input_ids"]) + eos
+            return response_ids(tokenizer, text, stops)
         if kind == "dpo":
             out.append(DPOPair(prompt + encode(task.answer),
                                prompt + encode(wrong_answer(task, rng)), len(prompt),

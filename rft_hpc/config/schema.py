@@ -17,6 +17,7 @@ from rft_hpc.config.algorithm import AlgorithmConfig
 from rft_hpc.config.buffer import BufferConfig
 from rft_hpc.config.launch import LaunchConfig
 from rft_hpc.config.pipeline import PipelineConfig
+from rft_hpc.config.prompt import PromptConfig
 from rft_hpc.config.sync import SyncConfig
 from rft_hpc.config.tasks import ArithmeticTasks, TasksConfig
 from rft_hpc.config.trainer_backend import TrainerBackendFields
@@ -283,6 +284,10 @@ class ExperimentConfig(ConfigSection):
 
     tasks: TasksConfig = Field(default_factory=ArithmeticTasks)
     """Where tasks come from: generated arithmetic or JSONL task files."""
+
+    prompt: PromptConfig = Field(default_factory=PromptConfig)
+    """How a task becomes prompt tokens: raw text or the tokenizer's chat template, the same
+    for explorers, trainer and evaluation (docs/prompts.md)."""
 
     eval: EvalConfig = Field(default_factory=EvalConfig)
     """Held-out evaluation during and after training."""

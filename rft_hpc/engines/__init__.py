@@ -16,7 +16,8 @@ def build_engine(config: ExperimentConfig) -> HFEngine | VLLMEngine:
         from rft_hpc.engines.vllm import VLLMEngine
 
         return VLLMEngine(config.model.path, dtype=config.model.dtype,
-                          settings=config.explorer.vllm, seed=config.run.seed)
+                          settings=config.explorer.vllm, seed=config.run.seed,
+                          prompt=config.prompt)
     from rft_hpc.engines.hf import HFEngine
 
-    return HFEngine(config.model.path, dtype=config.model.dtype)
+    return HFEngine(config.model.path, dtype=config.model.dtype, prompt=config.prompt)

@@ -13,6 +13,10 @@ from typing import Any
 
 import torch
 
+from rft_hpc.config.prompt import PromptConfig
+from rft_hpc.tasks.prompts import prompt_ids, stop_token_ids, truncate_at_stop
+from rft_hpc.tasks.task import Task
+
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
@@ -21,13 +25,14 @@ class Completion:
     """One sampled response."""
 
     tokens: list[int]
-    """Response token ids, ending with EOS when the model finished."""
+    """Response token ids, ending with the stop token (EOS, end of turn) when the model
+    finished."""
     logprobs: list[float]
     """Log-prob of each response token under the sampling distribution."""
     text: str
     """The response decoded without special tokens."""
     finished: bool
-    """True when the model emitted EOS within the token budget."""
+    """True when the model emitted a stop token within the token budget."""
 
 
 def load_policy(model_path: str | Path, dtype: str = "float32") -> tuple[Any, Any]:
@@ -46,13 +51,20 @@ class HFEngine:
     """Generates groups of completions for token-id prompts with a transformers model."""
 
     def __init__(self, model_path: str | Path | None = None, *, dtype: str = "float32",
-                 device: str = "cpu", model: Any = None, tokenizer: Any = None) -> None:
+                 device: str = "cpu", model: Any = None, tokenizer: Any = None,
+                 prompt: PromptConfig | None = None) -> None:
         if model is None:
             tokenizer, model = load_policy(model_path, dtype)
             model.to(device).eval()
         self.tokenizer, self.model = tokenizer, model
         self.device = device
+        self.prompt = prompt if prompt is not None else PromptConfig()
+        """How `prompt_ids` turns a task into tokens."""
         self.eos_id = self.tokenizer.eos_token_id
+        generation = getattr(model, "generation_config", None)
+        self.stop_ids = stop_token_ids(self.tokenizer, getattr(generation, "eos_token_id", None),
+                                       self.prompt)
+        """Tokens that end a response: EOS and the chat template's end-of-turn token(s)."""
         self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None \
             else self.eos_id
         self.version = 0
@@ -65,8 +77,12 @@ class HFEngine:
         self.version = version
 
     def encode(self, prompt: str) -> list[int]:
-        """Token ids of a prompt (with the tokenizer's special tokens)."""
+        """Token ids of a raw text prompt (with the tokenizer's special tokens)."""
         return list(self.tokenizer(prompt, add_special_tokens=True)["input_ids"])
+
+    def prompt_ids(self, task: Task) -> list[int]:
+        """Token ids of a task's prompt in the engine's prompt format (`tasks.prompts`)."""
+        return prompt_ids(self.tokenizer, task, self.prompt)
 
     @torch.no_grad()
     def generate(self, prompts: Sequence[Sequence[int]], *, n: int, max_new_tokens: int,
@@ -97,7 +113,7 @@ class HFEngine:
         config = GenerationConfig(
             do_sample=not greedy, temperature=None if greedy else temperature, top_k=None,
             top_p=None, max_new_tokens=max_new_tokens, pad_token_id=self.pad_id,
-            eos_token_id=self.eos_id, bos_token_id=self.tokenizer.bos_token_id,
+            eos_token_id=list(self.stop_ids), bos_token_id=self.tokenizer.bos_token_id,
             output_logits=True, return_dict_in_generate=True)
         torch.manual_seed(seed)
         out = self.model.generate(input_ids=ids.to(self.device),
@@ -110,11 +126,6 @@ class HFEngine:
         return [completions[i * n:(i + 1) * n] for i in range(len(prompts))]
 
     def _completion(self, tokens: torch.Tensor, logp: torch.Tensor) -> Completion:
-        toks = tokens.tolist()
-        end = len(toks)
-        finished = self.eos_id in toks
-        if finished:
-            end = toks.index(self.eos_id) + 1
-        toks = toks[:end]
+        toks, finished = truncate_at_stop(tokens.tolist(), self.stop_ids)
         text = self.tokenizer.decode(toks, skip_special_tokens=True)
-        return Completion(toks, logp[:end].tolist(), text, finished)
+        return Completion(toks, logp[:len(toks)].tolist(), text, finished)

@@ -25,7 +25,10 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from rft_hpc.config.prompt import PromptConfig
 from rft_hpc.engines.hf import Completion
+from rft_hpc.tasks.prompts import model_stop_ids, prompt_ids, truncate_at_stop
+from rft_hpc.tasks.task import Task
 
 if TYPE_CHECKING:
     from rft_hpc.config.schema import VLLMConfig
@@ -58,7 +61,8 @@ class VLLMEngine:
     """Generates groups of completions for token-id prompts with vLLM; same API as HFEngine."""
 
     def __init__(self, model_path: str | Path, *, dtype: str = "float32",
-                 settings: VLLMConfig | None = None, seed: int = 0) -> None:
+                 settings: VLLMConfig | None = None, seed: int = 0,
+                 prompt: PromptConfig | None = None) -> None:
         from transformers import AutoTokenizer
 
         from rft_hpc.config.schema import VLLMConfig
@@ -73,7 +77,11 @@ class VLLMEngine:
             and cfg.tensor_parallel_size == 1)
         """Hand new weights over as tensors in memory (else through a scratch folder)."""
         self.tokenizer = AutoTokenizer.from_pretrained(str(model_path), local_files_only=True)
+        self.prompt = prompt if prompt is not None else PromptConfig()
+        """How `prompt_ids` turns a task into tokens."""
         self.eos_id = self.tokenizer.eos_token_id
+        self.stop_ids = model_stop_ids(self.model_path, self.tokenizer, self.prompt)
+        """Tokens that end a response: EOS and the chat template's end-of-turn token(s)."""
         self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None \
             else self.eos_id
         self.version = 0
@@ -100,8 +108,12 @@ class VLLMEngine:
             enforce_eager=cfg.enforce_eager, logprobs_mode="processed_logprobs")
 
     def encode(self, prompt: str) -> list[int]:
-        """Token ids of a prompt (with the tokenizer's special tokens)."""
+        """Token ids of a raw text prompt (with the tokenizer's special tokens)."""
         return list(self.tokenizer(prompt, add_special_tokens=True)["input_ids"])
+
+    def prompt_ids(self, task: Task) -> list[int]:
+        """Token ids of a task's prompt in the engine's prompt format (`tasks.prompts`)."""
+        return prompt_ids(self.tokenizer, task, self.prompt)
 
     def load_weights(self, state_dict: Mapping[str, torch.Tensor], version: int) -> None:
         """Replace the engine's weights in place with a published (Hugging Face) state dict
@@ -156,7 +168,7 @@ class VLLMEngine:
         params = [SamplingParams(
             n=1 if greedy else n, temperature=0.0 if greedy else temperature, top_p=1.0,
             top_k=0, min_p=0.0, max_tokens=max_new_tokens, logprobs=0,
-            stop_token_ids=[self.eos_id], seed=(seed + i * n) % _SEED_MODULUS,
+            stop_token_ids=list(self.stop_ids), seed=(seed + i * n) % _SEED_MODULUS,
             detokenize=False)
             for i in range(len(prompts))]
         requests = [TokensPrompt(prompt_token_ids=list(p)) for p in prompts]
@@ -182,13 +194,12 @@ class VLLMEngine:
                 for out, seq in zip(outputs, sequences, strict=True)]
 
     def _completion(self, output: Any) -> Completion:
-        tokens = list(output.token_ids)
-        if self.eos_id in tokens:  # vLLM stops at EOS and keeps it, as HFEngine does
-            tokens = tokens[:tokens.index(self.eos_id) + 1]
+        # vLLM stops at a stop token and keeps it, as HFEngine does
+        tokens, finished = truncate_at_stop(list(output.token_ids), self.stop_ids)
         logprobs = [float(step[t].logprob) for step, t in zip(output.logprobs, tokens,
                                                                strict=False)]
         text = self.tokenizer.decode(tokens, skip_special_tokens=True)
-        return Completion(tokens, logprobs, text, self.eos_id in tokens)
+        return Completion(tokens, logprobs, text, finished)
 
     def close(self) -> None:
         """Stop the engine, remove its scratch folder and give torch its thread setter back."""

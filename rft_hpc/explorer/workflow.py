@@ -46,7 +46,7 @@ def explore_tasks(engine: HFEngine, tasks: Sequence[Task], settings: SamplingSet
     Group ids are `first_group_id + task index`, unique across explorers and steps when the
     caller passes the task's position in the task stream.
     """
-    prompts = [engine.encode(t.prompt) for t in tasks]
+    prompts = [engine.prompt_ids(t) for t in tasks]
     groups = engine.generate(prompts, n=settings.repeat, max_new_tokens=settings.max_new_tokens,
                              temperature=settings.temperature, seed=seed)
     experiences: list[Experience] = []

@@ -25,6 +25,7 @@ from rft_hpc.core.rundir import RunDir, atomic_write_json, atomic_write_text, re
 from rft_hpc.eval.bench import RESULTS_FILE
 from rft_hpc.monitor.metrics import read_metrics
 from rft_hpc.runtime.common import freeze_config
+from rft_hpc.tasks.prompts import model_stop_ids
 from rft_hpc.tasks.source import build_tasks
 
 StageSeconds = Callable[[RunDir], float]
@@ -173,7 +174,10 @@ def _import_offline_data(config: ExperimentConfig, run: RunDir) -> None:
             raise UserError("data.kind rl needs data.source jsonl (tasks have no rollouts)")
         tok = AutoTokenizer.from_pretrained(str(config.model.path), local_files_only=True)
         train, _ = build_tasks(config.tasks, config.run.seed)
-        records = task_records(train, tok, data.kind, config.run.seed)
+        records = task_records(train, tok, data.kind, config.run.seed,
+                               prompt_format=config.prompt,
+                               stop_ids=model_stop_ids(config.model.path, tok,
+                                                       config.prompt))
     if data.taskset is not None:
         for record in records:
             record.taskset = data.taskset

@@ -125,4 +125,5 @@ def whole_replica(config: ExperimentConfig, device: torch.device) -> HFEngine:
     """An engine on a whole HF replica of the configured model on `device` (eval mode):
     where a sharded backend's rank 0 loads gathered weights to evaluate them."""
     tokenizer, model = load_policy(config.model.path, config.model.dtype)
-    return HFEngine(model=model.to(device).eval(), tokenizer=tokenizer, device=str(device))
+    return HFEngine(model=model.to(device).eval(), tokenizer=tokenizer, device=str(device),
+                    prompt=config.prompt)

@@ -62,7 +62,7 @@ def config_hash(config: ExperimentConfig) -> str:
     rft-hpc that has since gained settings (a job requeued after an upgrade).
     """
     keep = config.model_dump(mode="json", include={"model", "buffer", "trainer", "algorithm",
-                                                   "tasks"}, exclude_defaults=True)
+                                                   "tasks", "prompt"}, exclude_defaults=True)
     # how the work is split (ranks, micro-batches, recomputation) may change on a resume
     for key in ("steps", "save_interval", "keep_checkpoints", "threads",
                 "micro_batch_tokens", "activation_checkpointing"):
@@ -90,7 +90,7 @@ class Trainer:
         self.tokenizer, hf_model = load_policy(config.model.path, config.model.dtype)
         self.backend.place(hf_model)
         self.engine = HFEngine(model=hf_model, tokenizer=self.tokenizer,
-                               device=str(self.device))
+                               device=str(self.device), prompt=config.prompt)
         load_start_weights(self.engine, config)
         self.reference = self.backend.build(self.engine, self.plan.needs_reference)
         self.critic: ValueHeadModel | None = None
