@@ -1,12 +1,13 @@
-"""Configuration of the task source: generated arithmetic or the user's JSONL task files."""
+"""Configuration of the task source: generated arithmetic or the user's data files (JSONL,
+Parquet or a Hugging Face `datasets` folder), and the key mapping that reads them."""
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import Field
+from pydantic import AfterValidator, Field, model_validator
 
+from rft_hpc.config.paths import ConfigPath
 from rft_hpc.core.config_section import ConfigSection
 
 
@@ -29,20 +30,106 @@ class ArithmeticTasks(ConfigSection):
     """Reward function: a registered name or `package.module:function`."""
 
 
-class JsonlTasks(ConfigSection):
-    """Tasks from JSONL files: one `{"prompt": ..., "answer": ...}` object per line."""
+class DataKeys(ConfigSection):
+    """Which column of a data source holds what (docs/data.md). Every other column goes
+    into the task's (or record's) `info`, for rewards and workflows."""
 
-    type: Literal["jsonl"] = "jsonl"
-    """Selects task files."""
+    prompt: str = "prompt"
+    """Column of the prompt text (GSM8K: `question`, MATH: `problem`)."""
 
-    path: Path
-    """Training tasks (JSONL)."""
+    messages: str = "messages"
+    """Column of a chat prompt: a list of `{role, content}`; used when the source has no
+    prompt column, or always when set here."""
 
-    eval_path: Path | None = None
-    """Held-out evaluation tasks (JSONL); none means no evaluation."""
+    answer: str = "answer"
+    """Column of the reference answer of a task (MATH: `solution`); text, or an integer."""
+
+    response: str = "response"
+    """Column of the response trained on, for offline SFT data."""
+
+    chosen: str = "chosen"
+    """Column of the preferred response, for offline DPO data."""
+
+    rejected: str = "rejected"
+    """Column of the other response, for offline DPO data."""
+
+    task_id: str = "task_id"
+    """Column of each row's id, where the source has one (else `<file stem>-<row>`)."""
+
+
+def check_rows(rows: tuple[int, int] | None) -> tuple[int, int] | None:
+    """A row range `[start, stop)` with 0 <= start < stop, as `rows` settings take."""
+    if rows is not None and not 0 <= rows[0] < rows[1]:
+        raise ValueError(f"must be [start, stop) with 0 <= start < stop, got {list(rows)}")
+    return rows
+
+
+RowRange = Annotated[tuple[int, int], AfterValidator(check_rows)]
+"""Rows `[start, stop)` of a source, written `[0, 1000]`."""
+
+
+class DataSourceFields(ConfigSection):
+    """Where rows come from: a file or folder, a split of it and a range of its rows."""
+
+    path: ConfigPath
+    """A `.jsonl` file, a `.parquet` file, or a folder written by `datasets`' `save_to_disk`
+    (read locally, never from a hub). `${VAR}` and `~` are expanded."""
+
+    split: str | None = None
+    """Split of a `datasets` folder that holds several (e.g. `train`); a folder with one
+    split needs none."""
+
+    rows: RowRange | None = None
+    """Rows `[start, stop)` to take (0-based, in file order; a stop past the end takes the
+    rows there are); null takes all."""
+
+    keys: DataKeys = Field(default_factory=DataKeys)
+    """Which columns hold the prompt, answer, messages, ... (defaults: those names)."""
+
+
+class FileTasks(DataSourceFields):
+    """Tasks from a data file or `datasets` folder: a prompt (or messages) and an answer per
+    row, the other columns in the task's `info`."""
+
+    type: Literal["file", "jsonl"] = "file"
+    """Selects tasks from data files (`jsonl` is the same, its earlier name)."""
+
+    eval_path: ConfigPath | None = None
+    """Held-out evaluation tasks (same forms as `path`, same `keys`); none, and no
+    `eval_split` or `eval_rows` either, means no evaluation."""
+
+    eval_split: str | None = None
+    """Split of the evaluation source (of `path` itself when `eval_path` is not set)."""
+
+    eval_rows: RowRange | None = None
+    """Rows `[start, stop)` of the evaluation source (of `path` when `eval_path` is not set:
+    then they must not overlap `rows`)."""
 
     reward: str | None = None
-    """Reward function for lines that name none (default `exact_match`)."""
+    """Reward function for rows that name none (default `exact_match`)."""
+
+    @model_validator(mode="after")
+    def _held_out_apart(self) -> FileTasks:
+        if self.eval_path is None and self.eval_split is None and self.eval_rows is not None:
+            start, stop = self.rows if self.rows is not None else (0, None)
+            e0, e1 = self.eval_rows
+            if stop is None or (e0 < stop and start < e1):
+                raise ValueError("eval_rows overlap the training rows of the same source: "
+                                 "set rows and eval_rows apart (or an eval_path / eval_split)")
+        return self
+
+    def eval_source(self) -> DataSourceFields | None:
+        """The held-out source: `eval_path` (or `path`) with `eval_split` and `eval_rows`;
+        None when none of them is set."""
+        if self.eval_path is None and self.eval_split is None and self.eval_rows is None:
+            return None
+        return DataSourceFields(path=self.eval_path or self.path,
+                                split=self.eval_split if self.eval_path or self.eval_split
+                                else self.split,
+                                rows=self.eval_rows, keys=self.keys)
 
 
-TasksConfig = Annotated[ArithmeticTasks | JsonlTasks, Field(discriminator="type")]
+JsonlTasks = FileTasks
+"""The earlier name of `FileTasks` (it read JSONL only)."""
+
+TasksConfig = Annotated[ArithmeticTasks | FileTasks, Field(discriminator="type")]

@@ -2,25 +2,32 @@
 
 from __future__ import annotations
 
-from rft_hpc.config.tasks import ArithmeticTasks, JsonlTasks
+from dataclasses import replace
+from typing import Any
+
+from rft_hpc.config.tasks import ArithmeticTasks, FileTasks
 from rft_hpc.tasks.arithmetic import arithmetic_tasks
-from rft_hpc.tasks.task import Task, load_task_file
+from rft_hpc.tasks.files import load_tasks
+from rft_hpc.tasks.task import Task
 
 
-def build_tasks(source: ArithmeticTasks | JsonlTasks, seed: int) -> tuple[list[Task], list[Task]]:
-    """(train, eval) tasks; the same config and seed always give the same lists."""
+def build_tasks(source: ArithmeticTasks | FileTasks, seed: int) -> tuple[list[Task], list[Task]]:
+    """(train, eval) tasks; the same config and seed always give the same lists. A bad
+    data source or row raises one `UserError` naming the file and row."""
     if isinstance(source, ArithmeticTasks):
         train, held_out = arithmetic_tasks(source.digits, source.ops, source.eval_size, seed)
         return _with_reward(train, source.reward), _with_reward(held_out, source.reward)
-    train = load_task_file(source.path)
-    held_out = load_task_file(source.eval_path) if source.eval_path else []
+    train = load_tasks(source)
+    eval_source = source.eval_source()
+    held_out = load_tasks(eval_source, source.path.stem) if eval_source is not None else []
     if source.reward:
         train, held_out = _with_reward(train, source.reward), _with_reward(held_out,
                                                                           source.reward)
     return train, held_out
 
 
-def _with_reward(tasks: list[Task], reward: str) -> list[Task]:
-    from dataclasses import replace
-
-    return [t if t.reward == reward else replace(t, reward=reward) for t in tasks]
+def _with_reward(tasks: list[Task], reward: Any) -> list[Task]:
+    """`tasks` scored by `reward`: a name, or a spec with `name` and `args`."""
+    name, args = (reward, {}) if isinstance(reward, str) else (reward.name, dict(reward.args))
+    given = {"reward_args": args} if args else {}
+    return [replace(t, reward=name, **given) for t in tasks]
