@@ -51,16 +51,27 @@ model_app = typer.Typer(help="Build models locally.", no_args_is_help=True)
 def model_init(
     kind: str = typer.Argument(..., help="Which model to build: tiny."),
     out: Path = typer.Option(..., "--out", help="Folder to write the model to."),
+    arch: str = typer.Option("llama", "--arch", help="Model family: llama, qwen2, qwen3 or "
+                             "mistral (all but llama are chat models)."),
+    chat: bool = typer.Option(False, "--chat", help="llama: the chat model (Llama 3 chat "
+                              "template, byte-level tokenizer) in place of the "
+                              "character-level arithmetic one."),
 ) -> None:
-    """Build a model folder locally (tiny: ~1M-parameter Llama with a character tokenizer)."""
+    """Build a model folder locally (tiny: ~1M parameters; the default is the demo's Llama
+    with a character tokenizer, --arch qwen2|qwen3|mistral or --chat a chat model with its
+    family's special tokens and chat template)."""
+    from rft_hpc.models.tiny import ARCHS, TinyModelSpec, init_tiny_model, is_chat
+
     if kind != "tiny":
         raise UserError(f"unknown model {kind!r}: only 'tiny' can be built")
+    if arch not in ARCHS:
+        raise UserError(f"unknown --arch {arch!r}: choose one of {', '.join(ARCHS)}")
     if out.exists() and any(out.iterdir()):
         raise UserError(f"{out} exists and is not empty")
-    from rft_hpc.models.tiny import init_tiny_model
-
-    init_tiny_model(out)
-    console.print(f"tiny model written to {out}")
+    spec = TinyModelSpec(arch=arch, chat=chat)  # type: ignore[arg-type]
+    init_tiny_model(out, spec)
+    what = f"tiny {arch} chat model" if is_chat(spec) else "tiny model"
+    console.print(f"{what} written to {out}")
 
 
 role_app = typer.Typer(help="Role entry points (started by `run` and by Slurm jobs).",

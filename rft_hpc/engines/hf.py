@@ -35,15 +35,27 @@ class Completion:
     """True when the model emitted a stop token within the token budget."""
 
 
-def load_policy(model_path: str | Path, dtype: str = "float32") -> tuple[Any, Any]:
-    """Tokenizer and causal LM from a local Hugging Face folder (never a hub)."""
+def model_dtype(setting: str, device: str | torch.device | None = None) -> torch.dtype:
+    """The dtype `model.dtype` means for weights that go to `device`: `auto` is bfloat16
+    on a CUDA device (with `device` None: when this machine has CUDA), else float32."""
+    if setting == "auto":
+        cuda = torch.cuda.is_available() if device is None else \
+            torch.device(device).type == "cuda"
+        return torch.bfloat16 if cuda else torch.float32
+    return DTYPES[setting]
+
+
+def load_policy(model_path: str | Path, dtype: str = "float32",
+                device: str | torch.device | None = None) -> tuple[Any, Any]:
+    """Tokenizer and causal LM from a local Hugging Face folder (never a hub), on the CPU,
+    in `model_dtype(dtype, device)`: `device` is where the caller will put the model."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()
     tokenizer = AutoTokenizer.from_pretrained(str(model_path), local_files_only=True)
     model = AutoModelForCausalLM.from_pretrained(str(model_path), local_files_only=True,
-                                                 dtype=DTYPES[dtype])
+                                                 dtype=model_dtype(dtype, device))
     return tokenizer, model
 
 
@@ -54,7 +66,7 @@ class HFEngine:
                  device: str = "cpu", model: Any = None, tokenizer: Any = None,
                  prompt: PromptConfig | None = None) -> None:
         if model is None:
-            tokenizer, model = load_policy(model_path, dtype)
+            tokenizer, model = load_policy(model_path, dtype, device)
             model.to(device).eval()
         self.tokenizer, self.model = tokenizer, model
         self.device = device

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from rft_hpc.config.prompt import PromptConfig
-from rft_hpc.engines.hf import Completion
+from rft_hpc.engines.hf import Completion, model_dtype
 from rft_hpc.tasks.prompts import model_stop_ids, prompt_ids, truncate_at_stop
 from rft_hpc.tasks.task import Task
 
@@ -100,7 +100,7 @@ class VLLMEngine:
             kv_gb = CPU_KV_CACHE_GB
         return LLM(
             model=str(self.model_path), tokenizer=str(self.model_path),
-            dtype=cfg.dtype or dtype, seed=seed,
+            dtype=str(model_dtype(cfg.dtype or dtype)).removeprefix("torch."), seed=seed,
             tensor_parallel_size=cfg.tensor_parallel_size,
             gpu_memory_utilization=cfg.gpu_memory_utilization,
             kv_cache_memory_bytes=None if kv_gb is None else int(kv_gb * (1 << 30)),

@@ -1,48 +1,91 @@
-"""A tiny Llama-architecture model and its tokenizer, built locally from a seed.
+"""Tiny models and their tokenizers, built locally from a seed, in each supported family.
 
-The demo and the tests train this model; it is a real Hugging Face model folder
-(`config.json`, `model.safetensors`, tokenizer files) that transformers and vLLM load like
-any other. head_dim is kept at 32 or more, which vLLM's CPU attention needs.
+The default is the tiny Llama that the demo and most tests train: ~1 M parameters, a
+character vocabulary of the arithmetic alphabet, no chat template. `arch` qwen2, qwen3 or
+mistral (or llama with `chat`) builds a tiny chat model of that family instead
+(`rft_hpc.models.families`): a byte-level tokenizer with the family's special tokens and
+chat template, grouped-query attention, the family's own weights (Qwen2's q/k/v biases and
+tied embeddings, Qwen3's q/k norms). Each is a real Hugging Face model folder
+(`config.json`, `generation_config.json`, `model.safetensors`, tokenizer files) that
+transformers and vLLM load like any other. head_dim is kept at 32 or more, which vLLM's
+CPU attention needs.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, Literal
 
-from rft_hpc.models.tokenizer import SPECIAL_TOKENS, build_char_tokenizer
+from rft_hpc.models.families import FAMILIES, ChatFamily
+from rft_hpc.models.tokenizer import SPECIAL_TOKENS, build_byte_tokenizer, build_char_tokenizer
 
 ARITHMETIC_ALPHABET = "0123456789+-*=, "
+
+Arch = Literal["llama", "qwen2", "qwen3", "mistral"]
+ARCHS: tuple[str, ...] = ("llama", "qwen2", "qwen3", "mistral")
+
+CHAT_MAX_POSITIONS = 1024
+"""Context of the tiny chat models: a templated prompt and its answer, one token per byte."""
 
 
 @dataclass(frozen=True)
 class TinyModelSpec:
-    """Shape of the tiny model (defaults: ~1 M parameters)."""
+    """Shape of a tiny model (defaults: ~1 M parameters)."""
 
     hidden_size: int = 128
     intermediate_size: int = 512
     num_layers: int = 4
     num_heads: int = 4
     max_positions: int = 256
+    """Of the character-level Llama; the chat models have `CHAT_MAX_POSITIONS`."""
     alphabet: str = ARITHMETIC_ALPHABET
+    """The character-level Llama's vocabulary (the chat models' tokenizers are byte-level)."""
     seed: int = 0
+    arch: Arch = "llama"
+    chat: bool = False
+    """Llama only: its chat model (Llama 3 template) in place of the character-level one.
+    The other families are always built as chat models."""
+    num_kv_heads: int = 2
+    """Key/value heads of the chat models (the character-level Llama has one per head)."""
+
+
+INIT_KINDS: dict[str, TinyModelSpec] = {
+    "tiny": TinyModelSpec(),
+    "tiny-llama-chat": TinyModelSpec(chat=True),
+    "tiny-qwen2": TinyModelSpec(arch="qwen2"),
+    "tiny-qwen3": TinyModelSpec(arch="qwen3"),
+    "tiny-mistral": TinyModelSpec(arch="mistral"),
+}
+"""The models `model.init` may name, with the spec each is built from."""
+
+
+def is_chat(spec: TinyModelSpec) -> bool:
+    """Whether `spec` builds a chat model (everything but the character-level Llama)."""
+    return spec.arch != "llama" or spec.chat
 
 
 def init_tiny_model(out_dir: str | Path, spec: TinyModelSpec = TinyModelSpec()) -> Path:
-    """Write a randomly initialised tiny Llama model and its character tokenizer to `out_dir`.
+    """Write a randomly initialised tiny model of `spec` and its tokenizer to `out_dir`.
 
     The same spec gives the same weights. Returns the folder, loadable with
     `AutoModelForCausalLM.from_pretrained(out_dir)` and `AutoTokenizer.from_pretrained`.
     """
+    if spec.arch not in ARCHS:
+        raise ValueError(f"unknown arch {spec.arch!r}: choose one of {', '.join(ARCHS)}")
+    if spec.hidden_size // spec.num_heads < 32:
+        raise ValueError("head_dim (hidden_size / num_heads) must be >= 32 for vLLM on CPU")
+    if is_chat(spec):
+        return _init_chat_model(Path(out_dir), spec, FAMILIES[spec.arch])
+    return _init_char_llama(Path(out_dir), spec)
+
+
+def _init_char_llama(out: Path, spec: TinyModelSpec) -> Path:
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()
-
-    if spec.hidden_size // spec.num_heads < 32:
-        raise ValueError("head_dim (hidden_size / num_heads) must be >= 32 for vLLM on CPU")
-    out = Path(out_dir)
     build_char_tokenizer(out, spec.alphabet)
     vocab = len(SPECIAL_TOKENS) + len(dict.fromkeys(spec.alphabet))
     config = LlamaConfig(
@@ -55,3 +98,42 @@ def init_tiny_model(out_dir: str | Path, spec: TinyModelSpec = TinyModelSpec()) 
     model = LlamaForCausalLM(config)
     model.save_pretrained(out, safe_serialization=True)
     return out
+
+
+def _init_chat_model(out: Path, spec: TinyModelSpec, family: ChatFamily) -> Path:
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+    if spec.num_heads % spec.num_kv_heads:
+        raise ValueError(f"{spec.num_heads} heads do not split into {spec.num_kv_heads} groups")
+    build_byte_tokenizer(out, special=family.special, plain=family.plain, bos=family.bos,
+                         eos=family.eos, pad=family.pad, chat_template=family.template)
+    vocab = AutoTokenizer.from_pretrained(str(out), local_files_only=True).get_vocab()
+    config = family.config(
+        vocab, hidden_size=spec.hidden_size, intermediate_size=spec.intermediate_size,
+        num_hidden_layers=spec.num_layers, num_attention_heads=spec.num_heads,
+        num_key_value_heads=spec.num_kv_heads, max_position_embeddings=CHAT_MAX_POSITIONS)
+    torch.manual_seed(spec.seed)
+    model = AutoModelForCausalLM.from_config(config)
+    _distinct_extras(model, spec.seed)
+    model.generation_config = GenerationConfig(**family.generation_ids(vocab))
+    model.save_pretrained(out, safe_serialization=True)
+    return out
+
+
+def _distinct_extras(model: Any, seed: int) -> None:
+    """Give the family's own weights values a consumer cannot get right by accident:
+    transformers starts biases at 0 and norms at 1, so a loader that dropped Qwen2's q/k/v
+    biases or swapped Qwen3's q/k norms would go unnoticed."""
+    import torch
+
+    gen = torch.Generator().manual_seed(seed + 1)
+    std = model.config.initializer_range
+    with torch.no_grad():
+        for name, p in sorted(model.named_parameters()):
+            if name.endswith("_proj.bias"):
+                p.copy_(torch.randn(p.shape, generator=gen) * std)
+            elif name.endswith(("q_norm.weight", "k_norm.weight")):
+                p.copy_(0.5 + torch.rand(p.shape, generator=gen))

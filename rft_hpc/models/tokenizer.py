@@ -1,12 +1,15 @@
-"""A character-level tokenizer built on the spot, saved as a Hugging Face tokenizer folder.
+"""Tokenizers built on the spot, saved as Hugging Face tokenizer folders: a character-level
+one (the tiny Llama's) and a byte-level one with added special tokens and a chat template
+(the tiny chat models').
 
-Tests and the demo use it in place of a downloaded tokenizer; real users point rft-hpc at
+Tests and the demo use them in place of a downloaded tokenizer; real users point rft-hpc at
 their model's own tokenizer folder.
 """
 
 from __future__ import annotations
 
 import string
+from collections.abc import Sequence
 from pathlib import Path
 
 SPECIAL_TOKENS = ("<pad>", "<s>", "</s>", "<unk>")
@@ -33,4 +36,55 @@ def build_char_tokenizer(out_dir: str | Path, alphabet: str = PRINTABLE) -> Path
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     tok.save_pretrained(out)
+    return out
+
+
+def byte_alphabet() -> list[str]:
+    """The 256 characters a byte-level tokenizer writes for bytes 0..255, in byte order (the
+    GPT-2 mapping that Qwen's and Llama 3's tokenizers use: printable bytes stand for
+    themselves, the others are shifted past 255)."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1),
+                 *range(ord("®"), ord("ÿ") + 1)]
+    chars, extra = {}, 0
+    for b in range(256):
+        if b in printable:
+            chars[b] = chr(b)
+        else:
+            chars[b] = chr(256 + extra)
+            extra += 1
+    return [chars[b] for b in range(256)]
+
+
+def build_byte_tokenizer(out_dir: str | Path, *, special: Sequence[str],
+                         plain: Sequence[str] = (), bos: str | None, eos: str,
+                         pad: str | None, chat_template: str) -> Path:
+    """Write a byte-level tokenizer (one token per byte: ids 0-255, so any text encodes) with
+    `special` and then `plain` added tokens after the bytes, and `chat_template`, to `out_dir`.
+
+    Added tokens are matched whole before the text is split into bytes (`special` ones are
+    dropped by `decode(..., skip_special_tokens=True)`, `plain` ones such as `<think>` are
+    not). The template goes into tokenizer_config.json (`chat_template`). With `bos` the
+    tokenizer puts it before every encoded text, as Llama's and Mistral's do. Loadable with
+    `AutoTokenizer.from_pretrained(out_dir)`.
+    """
+    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, processors
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {ch: i for i, ch in enumerate(byte_alphabet())}
+    core = Tokenizer(models.BPE(vocab, merges=[]))
+    core.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    core.decoder = decoders.ByteLevel()
+    core.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in special])
+    core.add_tokens([AddedToken(t, special=False, normalized=False) for t in plain])
+    if bos is not None:
+        bos_id = core.token_to_id(bos)
+        core.post_processor = processors.TemplateProcessing(
+            single=f"{bos} $A", pair=f"{bos} $A {bos} $B", special_tokens=[(bos, bos_id)])
+    tok = PreTrainedTokenizerFast(tokenizer_object=core, bos_token=bos, eos_token=eos,
+                                  pad_token=pad, add_bos_token=bos is not None)
+    tok.chat_template = chat_template
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    # in tokenizer_config.json, where every version of transformers and vLLM looks for it
+    tok.save_pretrained(out, save_jinja_files=False)
     return out

@@ -26,6 +26,7 @@ from rft_hpc.eval.bench import RESULTS_FILE
 from rft_hpc.monitor.metrics import read_metrics
 from rft_hpc.runtime.common import freeze_config
 from rft_hpc.tasks.prompts import model_stop_ids
+from rft_hpc.tasks.data_check import check_task_sources
 from rft_hpc.tasks.source import build_tasks
 
 StageSeconds = Callable[[RunDir], float]
@@ -89,17 +90,18 @@ def prepare_model(config: ExperimentConfig) -> ExperimentConfig:
                         "(or set model.init: tiny to build a tiny one there)")
     path = path.resolve()
     if not path.exists():
-        if config.model.init != "tiny":
+        if config.model.init is None:
             raise UserError(f"model folder {path} does not exist")
-        from rft_hpc.models.tiny import init_tiny_model
+        from rft_hpc.models.tiny import INIT_KINDS, init_tiny_model
 
-        init_tiny_model(path)
+        init_tiny_model(path, INIT_KINDS[config.model.init])
     return config.model_copy(update={"model": config.model.model_copy(update={"path": path})})
 
 
 def check_runnable(config: ExperimentConfig) -> None:
     """Refuse, before anything starts, settings this version validates but cannot run yet
-    (or not on this installation)."""
+    (or not on this installation), and task files with a missing column or a bad row."""
+    check_task_sources(config)
     for name, stage in config.stage_configs():
         if stage.sync.method == "mpi" and importlib.util.find_spec("mpi4py") is None:
             raise UserError(f"stage {name}: sync.method mpi needs mpi4py and an MPI library: "

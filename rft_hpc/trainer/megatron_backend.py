@@ -18,8 +18,9 @@ all ranks. What changes:
 - the checkpoint's optimizer state is AdamW's moments gathered the same way, keyed by HF
   parameter name (`MegatronState`), so a restore loads exact copies into each rank's shard.
 
-The compute dtype is `model.dtype` (weights and AdamW state in it too): megatron-core's
-layers do not run under autocast, so `trainer.dtype` must be `auto` or `model.dtype`.
+The compute dtype is `model.dtype` (`auto`: bfloat16 on CUDA, else float32; weights and
+AdamW state in it too): megatron-core's layers do not run under autocast, so
+`trainer.dtype` must be `auto` or `model.dtype`.
 
 Refused (`megatron_unsupported`): pipeline parallelism > 1, a rank count that is not a
 multiple of `tensor_parallel`, a critic (PPO/GAE), a KL penalty in the reward at TP > 1
@@ -37,7 +38,7 @@ import torch.distributed as dist
 
 from rft_hpc.config import ExperimentConfig
 from rft_hpc.core.errors import UserError
-from rft_hpc.engines.hf import HFEngine
+from rft_hpc.engines.hf import HFEngine, model_dtype
 from rft_hpc.megatron.shards import tp_cut
 from rft_hpc.trainer.algorithm import AlgorithmPlan
 from rft_hpc.trainer.distributed import DistContext, all_reduce_gradients
@@ -54,9 +55,9 @@ def megatron_unsupported(config: ExperimentConfig, world_size: int | None = None
     if mcfg.pipeline_parallel > 1:
         return ("trainer.megatron.pipeline_parallel > 1 is not in the training loop yet "
                 "(the weight layout and gather support it, see docs/megatron.md); use 1")
-    tcfg, model_dtype = config.trainer, config.model.dtype
-    if tcfg.dtype not in ("auto", model_dtype):
-        return (f"trainer.dtype {tcfg.dtype} with model.dtype {model_dtype}: "
+    tcfg, weights_dtype = config.trainer, config.model.dtype
+    if tcfg.dtype not in ("auto", weights_dtype):
+        return (f"trainer.dtype {tcfg.dtype} with model.dtype {weights_dtype}: "
                 "trainer.backend megatron computes in the weights' dtype (megatron-core's "
                 "layers do not run under autocast); set model.dtype to it, or trainer.dtype "
                 "auto")
@@ -203,7 +204,7 @@ class MegatronBackend:
         self.config, self.dist = config, ctx
         self.device = setup_model_parallel(config, ctx)
         # megatron-core's layers do not run under autocast: the weights' dtype
-        self.compute_dtype: torch.dtype = getattr(torch, config.model.dtype)
+        self.compute_dtype: torch.dtype = model_dtype(config.model.dtype, self.device)
         self.model_parallel = config.trainer.megatron.tensor_parallel
         self.rank0_forward = not ctx.distributed or self.model_parallel == 1
         self._eval: HFEngine | None = None
