@@ -7,6 +7,7 @@ from pathlib import Path
 import typer
 
 from rft_hpc.config import load_config
+from rft_hpc.tasks.data_check import check_task_sources
 
 
 def validate(
@@ -19,9 +20,13 @@ def validate(
     """Check a config file and its overrides without running anything.
 
     Prints a one-line summary and exits 0 when valid; else lists every problem, exit 2.
+    Task files are read too: a missing column or a bad row is reported with its file and
+    row, exit 2.
     """
-    # A `ConfigError` propagates: `app.main` prints it as one message and exits 2.
+    # A `ConfigError` or `UserError` propagates: `app.main` prints it as one message and
+    # exits 2.
     cfg = load_config(config, set_)
+    check_task_sources(cfg)
     typer.echo(
         f"OK: {config} (mode={cfg.mode}, {cfg.explorer.count} explorer(s), "
         f"trainer {cfg.algorithm.algorithm_type})"

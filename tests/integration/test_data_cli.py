@@ -1,0 +1,48 @@
+"""Bad task data through the CLI: `validate`, `run` and `submit` each refuse it with one
+message naming file, row and column, exit 2, no traceback, and create or submit nothing."""
+
+import subprocess
+import sys
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+
+def rft(*args, cwd):
+    """Run `rft-hpc ARGS` in a fresh interpreter; returns the CompletedProcess."""
+    return subprocess.run([sys.executable, "-m", "rft_hpc.cli", *map(str, args)], cwd=cwd,
+                          capture_output=True, text=True, timeout=300)
+
+
+def _config(tmp_path, columns, keys):
+    pq.write_table(pa.table(columns), tmp_path / "gsm8k.parquet")
+    config = tmp_path / "exp.yaml"
+    config.write_text(f"run: {{name: bad, root: {tmp_path / 'runs'}}}\n"
+                      f"model: {{path: {tmp_path / 'model'}, init: tiny}}\n"
+                      f"tasks: {{type: file, path: gsm8k.parquet, keys: {keys}}}\n")
+    return config
+
+
+CASES = {
+    "missing column": (
+        {"question": ["1+1?", "2+2?"], "answer": ["#### 2", "#### 4"]}, "{prompt: problem}",
+        ["gsm8k.parquet: no column 'problem'", "the columns there are: question, answer"]),
+    "wrong type": (
+        {"question": ["1+1?", "2+2?"], "answer": ["#### 2", None]}, "{prompt: question}",
+        ["gsm8k.parquet, row 1: column 'answer' holds null, expected a string"]),
+}
+
+
+@pytest.mark.parametrize("case", CASES)
+@pytest.mark.parametrize("command", [["validate"], ["run"], ["submit"]])
+def test_bad_task_data_is_one_message_exit_2_and_nothing_starts(tmp_path, case, command):
+    columns, keys, fragments = CASES[case]
+    config = _config(tmp_path, columns, keys)
+    result = rft(*command, config, cwd=tmp_path)
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert "Traceback" not in result.stdout + result.stderr
+    assert result.stderr.count("tasks:") == 1, result.stderr
+    for fragment in fragments:
+        assert fragment in result.stderr, result.stderr
+    assert not (tmp_path / "runs").exists() and not (tmp_path / "model").exists()
