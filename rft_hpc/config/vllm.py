@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Literal
 
 from pydantic import Field, model_validator
 
+from rft_hpc.config.paths import ConfigPath
 from rft_hpc.core.config_section import ConfigSection
 
 
@@ -47,7 +47,7 @@ class VLLMConfig(ConfigSection):
     needs multiprocessing false and tensor_parallel_size 1), `folder` (written as a
     safetensors file to `scratch_dir`, read by every worker) or `auto` (memory when it can)."""
 
-    scratch_dir: Path | None = None
+    scratch_dir: ConfigPath | None = None
     """Folder for the weight file of `folder` updates (node-local memory is best); null:
     /dev/shm where it exists, else the system's temporary folder."""
 
