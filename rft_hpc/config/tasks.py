@@ -8,6 +8,7 @@ from typing import Annotated, Literal
 from pydantic import AfterValidator, Field, model_validator
 
 from rft_hpc.config.paths import ConfigPath
+from rft_hpc.config.rewards import RewardField, default_reward
 from rft_hpc.core.config_section import ConfigSection
 
 
@@ -26,8 +27,9 @@ class ArithmeticTasks(ConfigSection):
     eval_size: int = Field(500, ge=1)
     """Problems held out for evaluation (never trained on)."""
 
-    reward: str = "exact_match"
-    """Reward function: a registered name or `package.module:function`."""
+    reward: RewardField = Field(default_factory=default_reward)
+    """Reward function: a built-in name or `package.module:function`, or `{name, args}` to
+    give it keyword arguments (docs/rewards.md)."""
 
 
 class DataKeys(ConfigSection):
@@ -105,8 +107,10 @@ class FileTasks(DataSourceFields):
     """Rows `[start, stop)` of the evaluation source (of `path` when `eval_path` is not set:
     then they must not overlap `rows`)."""
 
-    reward: str | None = None
-    """Reward function for rows that name none (default `exact_match`)."""
+    reward: RewardField | None = None
+    """Reward function of every task, a name or `{name, args}` (docs/rewards.md); it wins
+    over a row's own `reward` column. Null: each row's `reward` column, else
+    `exact_match`."""
 
     @model_validator(mode="after")
     def _held_out_apart(self) -> FileTasks:

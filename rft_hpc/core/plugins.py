@@ -20,16 +20,23 @@ def import_callable(path: str, what: str) -> Callable[..., Any]:
     """The callable named by `path` ("package.module:attribute", dots allowed in attribute).
 
     Raises `UserError` saying "<what> '<path>' cannot be imported" when the module or the
-    attribute is missing, or that it is not callable.
+    attribute is missing or the module fails while it is imported (a syntax error, an
+    exception at its top level: the message names it), or that it is not callable.
     """
     module, _, attr = path.partition(":")
     if not module or not attr:
         raise UserError(f"{what} {path!r} is not of the form package.module:function")
     try:
         obj: Any = importlib.import_module(module)
+    except ImportError as exc:
+        raise UserError(f"{what} {path!r} cannot be imported: {exc}") from exc
+    except Exception as exc:  # the user's module raised while it was imported
+        raise UserError(f"{what} {path!r} cannot be imported: module {module} raised "
+                        f"{type(exc).__name__}: {exc}") from exc
+    try:
         for part in attr.split("."):
             obj = getattr(obj, part)
-    except (ImportError, AttributeError) as exc:
+    except AttributeError as exc:
         raise UserError(f"{what} {path!r} cannot be imported: {exc}") from exc
     if not callable(obj):
         raise UserError(f"{what} {path!r} is not callable")

@@ -1,33 +1,81 @@
-"""Reward functions: a registry by name, extended by users through import paths.
+"""Reward functions: the built-ins by name, the user's by import path, with arguments.
 
-A reward function takes the task and the decoded response text and returns a float.
-`resolve_reward("exact_match")` finds a registered one; `resolve_reward("pkg.mod:fn")`
-imports a user's function.
+A reward function is called as `fn(task, response, **args)` and returns a number: the
+task, the decoded response text and the keyword arguments of the config's
+`reward: {name, args}`. `resolve_reward("exact_match")` finds a built-in (the table is
+`rft_hpc.config.rewards.BUILTIN_REWARDS`); `resolve_reward("pkg.mod:fn")` imports a user's
+function. Explorers call them through `rft_hpc.tasks.reward_pool` (time limit, errors
+counted); `call_reward` is the plain call.
 """
 
 from __future__ import annotations
 
+import math
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from typing import Any
 
-from rft_hpc.core.plugins import register, resolve
+from rft_hpc.config.rewards import BUILTIN_REWARDS
+from rft_hpc.core.errors import UserError
+from rft_hpc.core.plugins import import_callable
 from rft_hpc.tasks.task import Task
 
-RewardFn = Callable[[Task, str], float]
-_REGISTRY: dict[str, RewardFn] = {}
+RewardFn = Callable[..., float]
+"""`fn(task, response, **args) -> float`."""
 
-
-def register_reward(name: str) -> Callable[[RewardFn], RewardFn]:
-    """Decorator: make `fn` available as reward `name`."""
-    return register(_REGISTRY, name)
+_RESOLVED: dict[str, RewardFn] = {}
 
 
 def resolve_reward(name: str) -> RewardFn:
-    """The reward function called `name` (registered, or `module:function`)."""
-    return resolve(name, _REGISTRY, "reward function")
+    """The reward function called `name` (built-in, or `module:function`); a `UserError`
+    when it is unknown, cannot be imported or is not callable."""
+    if name not in _RESOLVED:
+        if name in BUILTIN_REWARDS:
+            _RESOLVED[name] = import_callable(BUILTIN_REWARDS[name], "reward function")
+        elif ":" in name:
+            _RESOLVED[name] = import_callable(name, "reward function")
+        else:
+            raise UserError(f"unknown reward function {name!r}; built-in: "
+                            f"{', '.join(BUILTIN_REWARDS)}, or give package.module:function")
+    return _RESOLVED[name]
 
 
-@register_reward("exact_match")
+def call_reward(task: Task, response: str) -> float:
+    """The task's reward of `response`, with the task's reward arguments. Raises what the
+    function raises, and `TypeError` when it returns something that is not a finite
+    number."""
+    value = resolve_reward(task.reward)(task, response, **task.reward_args)
+    return as_score(value, task.reward)
+
+
+def as_score(value: Any, name: str) -> float:
+    """`value` as a float; `TypeError` for a non-number (bool counts) or a NaN/infinity."""
+    if isinstance(value, bool):
+        return float(value)
+    try:
+        score = float(value)
+    except (TypeError, ValueError):
+        raise TypeError(f"reward {name} returned {type(value).__name__} {value!r:.60}, "
+                        "not a number") from None
+    if not math.isfinite(score):
+        raise TypeError(f"reward {name} returned {score}")
+    return score
+
+
+def signature_problem(fn: RewardFn, args: Mapping[str, Any]) -> str | None:
+    """Why `fn(task, response, **args)` cannot be called, or None when it can (or when
+    `fn` has no signature to check, as some C functions)."""
+    import inspect
+
+    try:
+        inspect.signature(fn).bind(Task("check", "", ""), "", **args)
+    except TypeError as exc:
+        return f"cannot be called as fn(task, response{', **args' if args else ''}): {exc}"
+    except ValueError:
+        return None
+    return None
+
+
 def exact_match(task: Task, response: str) -> float:
     """1.0 when the response, stripped of surrounding whitespace, equals the answer."""
     return float(response.strip() == task.answer)
@@ -36,7 +84,6 @@ def exact_match(task: Task, response: str) -> float:
 _NUMBER = re.compile(r"-?\d+")
 
 
-@register_reward("exact_match_with_format")
 def exact_match_with_format(task: Task, response: str) -> float:
     """exact_match, plus 0.1 for a response that is a bare number (the expected format)."""
     return exact_match(task, response) + 0.1 * bool(_NUMBER.fullmatch(response.strip()))

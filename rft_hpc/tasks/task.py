@@ -23,12 +23,14 @@ class Task:
     prompt: str = ""
     answer: str = ""
     reward: str = "exact_match"
-    """Name of a registered reward function, or `package.module:function`."""
+    """Name of a built-in reward function, or `package.module:function`."""
     taskset: str = "default"
     info: dict[str, Any] = field(default_factory=dict)
     """The source row's other columns, for rewards and workflows."""
     messages: list[dict[str, str]] | None = None
     """Chat messages to answer (in place of `prompt`), or None for a raw-text task."""
+    reward_args: dict[str, Any] = field(default_factory=dict)
+    """Keyword arguments of the reward function (the config's `reward: {name, args}`)."""
 
     def __post_init__(self) -> None:
         if self.messages is not None and self.prompt:
