@@ -1,4 +1,5 @@
-"""Build a megatron-core GPTModel equivalent to an HF Llama config (local layer spec).
+"""Build a megatron-core GPTModel equivalent to an HF decoder config (local layer spec):
+Llama, Mistral, Qwen2 (q/k/v biases), Qwen3 (q/k layer norms), tied embeddings or not.
 
 The local spec uses megatron-core's own modules (torch RMSNorm when Apex is missing), so
 the model can be constructed on CPUs (`use_cpu_initialization`); its forward and backward
@@ -12,7 +13,7 @@ from typing import Any
 
 import torch
 
-from rft_hpc.megatron.convert import LlamaShape, StateDict
+from rft_hpc.megatron.convert import ModelShape, StateDict
 
 
 def rope_theta(hf_config: Any) -> float:
@@ -30,11 +31,12 @@ def transformer_config_kwargs(hf_config: Any, *, tensor_parallel: int = 1,
                               pipeline_parallel: int = 1,
                               dtype: torch.dtype = torch.float32,
                               cpu_init: bool = False, recompute: bool = False) -> dict[str, Any]:
-    """Keyword arguments of megatron-core's `TransformerConfig` for this Llama config: the
-    same shapes, RMSNorm, SwiGLU, no biases, no dropout, and no fused kernels that need
-    Apex or Transformer Engine. `recompute`: activation checkpointing of every layer
+    """Keyword arguments of megatron-core's `TransformerConfig` for this HF config: the
+    same shapes, RMSNorm, SwiGLU, q/k/v biases only where the family has them (Qwen2), q/k
+    layer norms where it has them (Qwen3), no dropout, and no fused kernels that need Apex
+    or Transformer Engine. `recompute`: activation checkpointing of every layer
     (megatron-core's full, uniform recomputation, one layer per checkpoint)."""
-    shape = LlamaShape.from_hf(hf_config)
+    shape = ModelShape.from_hf(hf_config)
     extra: dict[str, Any] = {}
     if recompute:
         extra = dict(recompute_granularity="full", recompute_method="uniform",
@@ -45,7 +47,7 @@ def transformer_config_kwargs(hf_config: Any, *, tensor_parallel: int = 1,
         kv_channels=shape.head_dim, ffn_hidden_size=hf_config.intermediate_size,
         normalization="RMSNorm", layernorm_epsilon=hf_config.rms_norm_eps,
         gated_linear_unit=True, activation_func=torch.nn.functional.silu,
-        add_bias_linear=False, add_qkv_bias=False,
+        add_bias_linear=False, add_qkv_bias=shape.qkv_bias, qk_layernorm=shape.qk_norm,
         hidden_dropout=0.0, attention_dropout=0.0,
         tensor_model_parallel_size=tensor_parallel,
         pipeline_model_parallel_size=pipeline_parallel,
@@ -67,15 +69,17 @@ def build_gpt_model(hf_config: Any, *, padded_vocab: int, tensor_parallel: int =
     from megatron.core.models.gpt.gpt_model import GPTModel
     from megatron.core.transformer.transformer_config import TransformerConfig
 
+    shape = ModelShape.from_hf(hf_config)
     config = TransformerConfig(**transformer_config_kwargs(
         hf_config, tensor_parallel=tensor_parallel, pipeline_parallel=pipeline_parallel,
         dtype=dtype, cpu_init=cpu_init, recompute=recompute))
+    spec = get_gpt_layer_local_spec(normalization="RMSNorm", qk_layernorm=shape.qk_norm)
     return GPTModel(
-        config=config, transformer_layer_spec=get_gpt_layer_local_spec(normalization="RMSNorm"),
+        config=config, transformer_layer_spec=spec,
         vocab_size=padded_vocab, max_sequence_length=hf_config.max_position_embeddings,
         pre_process=parallel_state.is_pipeline_first_stage(),
         post_process=parallel_state.is_pipeline_last_stage(),
-        share_embeddings_and_output_weights=LlamaShape.from_hf(hf_config).tied,
+        share_embeddings_and_output_weights=shape.tied,
         position_embedding_type="rope", rotary_base=rope_theta(hf_config))
 
 

@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-from rft_hpc.megatron.convert import LlamaShape, StateDict, hf_to_megatron, padded_vocab_size
+from rft_hpc.megatron.convert import ModelShape, StateDict, hf_to_megatron, padded_vocab_size
 from rft_hpc.megatron.model import build_gpt_model, load_megatron_state, weights_of
 from rft_hpc.megatron.publish import gather_hf_state
 from rft_hpc.megatron.shards import Layout, shard_state
@@ -46,7 +46,7 @@ class MegatronPolicy(torch.nn.Module):
         super().__init__()
         self.gpt = gpt
         self.hf_config = hf_config
-        self.shape = LlamaShape.from_hf(hf_config)
+        self.shape = ModelShape.from_hf(hf_config)
         self.layout, self.padded_vocab = layout, padded_vocab
         self.tp_rank, self.stage = tp_rank, stage
 
@@ -111,7 +111,7 @@ def build_policy(hf_model: torch.nn.Module, *, tensor_parallel: int, pipeline_pa
     from megatron.core import parallel_state
 
     config = hf_model.config
-    shape = LlamaShape.from_hf(config)
+    shape = ModelShape.from_hf(config)
     layout = Layout.for_model(shape, tensor_parallel, pipeline_parallel)
     vocab = padded_vocab_size(shape.vocab_size, tensor_parallel, divisible_by)
     dtype = next(hf_model.parameters()).dtype

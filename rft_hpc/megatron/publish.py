@@ -7,7 +7,7 @@ from collections.abc import Mapping
 import torch
 import torch.distributed as dist
 
-from rft_hpc.megatron.convert import LayerSpec, LlamaShape, StateDict, megatron_to_hf
+from rft_hpc.megatron.convert import LayerSpec, ModelShape, StateDict, megatron_to_hf
 from rft_hpc.megatron.shards import Layout, gather_full_state
 
 
@@ -22,12 +22,12 @@ def megatron_groups() -> tuple[dist.ProcessGroup | None, dist.ProcessGroup | Non
     return tp, pp
 
 
-def gather_hf_state(local: Mapping[str, torch.Tensor], shape: LlamaShape, layout: Layout, *,
+def gather_hf_state(local: Mapping[str, torch.Tensor], shape: ModelShape, layout: Layout, *,
                     spec: LayerSpec = "local",
                     groups: tuple[dist.ProcessGroup | None, dist.ProcessGroup | None] | None
                     = None) -> StateDict | None:
     """Every rank passes its shard (e.g. `model.state_dict()`); global rank 0 gets the full
-    HF Llama state dict, the others None. `groups`: (TP group, PP group), by default
+    HF state dict, the others None. `groups`: (TP group, PP group), by default
     megatron-core's `parallel_state` groups."""
     tp_group, pp_group = groups if groups is not None else megatron_groups()
     full = gather_full_state(local, layout, tp_group, pp_group)

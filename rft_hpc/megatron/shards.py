@@ -24,7 +24,7 @@ from typing import Literal
 import torch
 import torch.distributed as dist
 
-from rft_hpc.megatron.convert import LlamaShape, StateDict
+from rft_hpc.megatron.convert import ModelShape, StateDict
 
 Cut = Literal["column", "glu", "row", "replicated"]
 
@@ -83,7 +83,7 @@ class Layout:
     tied: bool = False
 
     @classmethod
-    def for_model(cls, shape: LlamaShape, tensor_parallel: int = 1,
+    def for_model(cls, shape: ModelShape, tensor_parallel: int = 1,
                   pipeline_parallel: int = 1) -> Layout:
         """The layout of this model at these sizes; a `ValueError` naming what does not
         divide (the TP cut of `linear_qkv` is only right when whole query groups go to

@@ -6,6 +6,10 @@ model's Megatron state; `plain` gathers it over torch.distributed groups built h
 `megatron` first loads it into a real GPTModel under megatron-core's parallel_state and
 gathers that model's state_dict() over parallel_state's groups. Rank 0 writes the gathered
 HF state dict to OUT.
+
+usage: megatron_workers.py logits OUT MODEL_DIR... (one process): for each HF model folder,
+the logits of megatron-core's GPTModel converted from it (norms made distinct first) and of
+transformers' model, on a right-padded batch; OUT gets both per folder (real tokens only).
 """
 
 from __future__ import annotations
@@ -19,7 +23,7 @@ from types import SimpleNamespace
 import torch.distributed as dist
 from safetensors.torch import load_file, save_file
 
-from rft_hpc.megatron.convert import LlamaShape, hf_to_megatron, padded_vocab_size
+from rft_hpc.megatron.convert import ModelShape, hf_to_megatron, padded_vocab_size
 from rft_hpc.megatron.publish import gather_hf_state
 from rft_hpc.megatron.shards import Layout, shard_state
 
@@ -43,7 +47,7 @@ def main(mode: str, weights: str, config: str, tp: int, pp: int, out: str, init:
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     dist.init_process_group("gloo", init_method=f"file://{init}", rank=rank, world_size=world)
     hf_config = SimpleNamespace(**json.loads(Path(config).read_text()))
-    shape = LlamaShape.from_hf(hf_config)
+    shape = ModelShape.from_hf(hf_config)
     vocab = padded_vocab_size(shape.vocab_size, tp, 8)
     layout = Layout.for_model(shape, tp, pp)
     full = hf_to_megatron(load_file(weights), shape, padded_vocab=vocab)
@@ -69,6 +73,47 @@ def main(mode: str, weights: str, config: str, tp: int, pp: int, out: str, init:
     dist.destroy_process_group()
 
 
+def logits(out: str, *model_dirs: str) -> None:
+    import torch
+    from megatron.core import parallel_state
+    from transformers import AutoModelForCausalLM
+
+    from rft_hpc.megatron.cpu import enable_cpu_execution
+    from rft_hpc.megatron.policy import build_policy
+
+    torch.manual_seed(0)
+    enable_cpu_execution()
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    dist.init_process_group("nccl" if device.type == "cuda" else "gloo",
+                            store=dist.HashStore(), rank=0, world_size=1)
+    parallel_state.initialize_model_parallel(1, 1)
+    results = {}
+    for model_dir in model_dirs:
+        hf = AutoModelForCausalLM.from_pretrained(model_dir).eval()
+        with torch.no_grad():  # norms start at 1: make them distinct so a mix-up shows
+            for name, p in hf.named_parameters():
+                if "norm" in name:
+                    p.uniform_(0.5, 1.5)
+        policy = build_policy(hf, tensor_parallel=1, pipeline_parallel=1, divisible_by=8,
+                              device=device).eval()
+        hf.to(device)
+        ids = torch.randint(0, hf.config.vocab_size, (3, 24), device=device)
+        mask = torch.ones_like(ids)
+        mask[1, 17:] = 0  # right padding, as the trainer's batches
+        mask[2, 9:] = 0
+        with torch.no_grad():
+            want = hf(input_ids=ids, attention_mask=mask).logits
+            got = policy(input_ids=ids, attention_mask=mask).logits
+        real = mask.bool()
+        results[model_dir] = {"hf": want[real].float().cpu(),
+                              "megatron": got[real].float().cpu()}
+    torch.save(results, out)
+    dist.destroy_process_group()
+
+
 if __name__ == "__main__":
-    m, w, c, t, p, o, i = sys.argv[1:]
-    main(m, w, c, int(t), int(p), o, i)
+    if sys.argv[1] == "logits":
+        logits(*sys.argv[2:])
+    else:
+        m, w, c, t, p, o, i = sys.argv[1:]
+        main(m, w, c, int(t), int(p), o, i)

@@ -17,10 +17,17 @@ import pytest
 import torch
 from helpers.paths import HELPERS, ROOT
 from safetensors.torch import load_file, save_file
-from transformers import LlamaConfig, LlamaForCausalLM
+from transformers import (
+    AutoConfig,
+    AutoModelForCausalLM,
+    LlamaConfig,
+    PretrainedConfig,
+    Qwen2Config,
+    Qwen3Config,
+)
 
 from rft_hpc.megatron.convert import (
-    LlamaShape,
+    ModelShape,
     StateDict,
     hf_to_megatron,
     megatron_to_hf,
@@ -33,6 +40,7 @@ from rft_hpc.megatron.shards import (
     shard_state,
     tp_cut,
 )
+from rft_hpc.models.tiny import TinyModelSpec, init_tiny_model
 
 WORKER = HELPERS / "megatron_workers.py"
 
@@ -50,29 +58,46 @@ def merge_shards(shards: dict[tuple[int, int], dict[str, torch.Tensor]], layout:
     return merge_stages(stages, layout)
 
 
-def gqa_config(tied: bool = False) -> LlamaConfig:
-    """A small Llama with grouped-query attention: 8 query heads over 2 key/value heads."""
-    return LlamaConfig(vocab_size=19, hidden_size=64, intermediate_size=96,
-                       num_hidden_layers=4, num_attention_heads=8, num_key_value_heads=2,
-                       max_position_embeddings=64, rms_norm_eps=1e-5,
-                       tie_word_embeddings=tied)
+def gqa_config(tied: bool = False, family: str = "llama") -> PretrainedConfig:
+    """A small model of `family` (llama, qwen2: q/k/v biases, qwen3: q/k norms) with
+    grouped-query attention: 8 query heads over 2 key/value heads."""
+    cls = {"llama": LlamaConfig, "qwen2": Qwen2Config, "qwen3": Qwen3Config}[family]
+    return cls(vocab_size=19, hidden_size=64, intermediate_size=96,
+               num_hidden_layers=4, num_attention_heads=8, num_key_value_heads=2, head_dim=8,
+               max_position_embeddings=64, rms_norm_eps=1e-5, tie_word_embeddings=tied)
 
 
-def hf_model(config: LlamaConfig) -> LlamaForCausalLM:
+def hf_model(config: PretrainedConfig) -> torch.nn.Module:
     torch.manual_seed(0)
-    model = LlamaForCausalLM(config).eval()
-    with torch.no_grad():  # norms start at 1: make them distinct so a mix-up shows
+    model = AutoModelForCausalLM.from_config(config).eval()
+    with torch.no_grad():  # norms start at 1, biases at 0: make them distinct
         for name, p in model.named_parameters():
             if "norm" in name:
                 p.uniform_(0.5, 1.5)
+            elif name.endswith("bias"):
+                p.normal_(0, 0.02)
     return model
 
 
-def hf_weights(config: LlamaConfig) -> dict[str, torch.Tensor]:
+def hf_weights(config: PretrainedConfig) -> dict[str, torch.Tensor]:
     state = hf_model(config).state_dict()
     if config.tie_word_embeddings:
         state.pop("lm_head.weight", None)
     return state
+
+
+TINY_FAMILIES = {"llama": TinyModelSpec(), "llama-chat": TinyModelSpec(chat=True),
+                 "qwen2": TinyModelSpec(arch="qwen2"), "qwen3": TinyModelSpec(arch="qwen3"),
+                 "mistral": TinyModelSpec(arch="mistral")}
+
+
+@pytest.fixture(scope="module")
+def family_models(tmp_path_factory: pytest.TempPathFactory, tiny_model: Path
+                  ) -> dict[str, Path]:
+    """The tiny model folder of each family (llama: the demo's, `tiny_model`)."""
+    return {name: tiny_model if name == "llama" else
+            init_tiny_model(tmp_path_factory.mktemp(name), spec)
+            for name, spec in TINY_FAMILIES.items()}
 
 
 def assert_same(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> None:
@@ -85,7 +110,7 @@ def assert_same(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> None:
 def test_tiny_model_round_trip_exact(tiny_model: Path) -> None:
     config = LlamaConfig.from_pretrained(tiny_model)
     hf = load_file(tiny_model / "model.safetensors")
-    shape = LlamaShape.from_hf(config)
+    shape = ModelShape.from_hf(config)
     for spec in ("local", "te"):
         mg = hf_to_megatron(hf, shape, spec=spec, padded_vocab=padded_vocab_size(
             shape.vocab_size, 2))
@@ -93,11 +118,31 @@ def test_tiny_model_round_trip_exact(tiny_model: Path) -> None:
         assert_same(megatron_to_hf(mg, shape, spec=spec), hf)
 
 
+@pytest.mark.parametrize("family", list(TINY_FAMILIES))
+def test_family_round_trip_exact(family_models: dict[str, Path], family: str) -> None:
+    """HF -> Megatron -> HF gives back every tensor of each family's tiny model bit for bit
+    (both norm namings), with the family's own weights on the Megatron side."""
+    folder = family_models[family]
+    config = AutoConfig.from_pretrained(folder)
+    hf = load_file(folder / "model.safetensors")
+    shape = ModelShape.from_hf(config)
+    assert (shape.qkv_bias, shape.qk_norm, shape.tied) == (
+        family == "qwen2", family == "qwen3", family.startswith("qwen"))
+    for spec in ("local", "te"):
+        mg = hf_to_megatron(hf, shape, spec=spec, padded_vocab=padded_vocab_size(
+            shape.vocab_size, 2, 8))
+        assert ("decoder.layers.3.self_attention.linear_qkv.bias" in mg) is shape.qkv_bias
+        assert ("decoder.layers.3.self_attention.k_layernorm.weight" in mg) is shape.qk_norm
+        assert ("output_layer.weight" in mg) is not shape.tied
+        assert_same(megatron_to_hf(mg, shape, spec=spec), hf)
+    print(f"{family}: {len(hf)} tensors, round trip exact (max |diff| 0)")
+
+
 @pytest.mark.parametrize("tied", [False, True])
 def test_gqa_round_trip_exact_and_layout(tied: bool) -> None:
     config = gqa_config(tied)
     hf = hf_weights(config)
-    shape = LlamaShape.from_hf(config)
+    shape = ModelShape.from_hf(config)
     mg = hf_to_megatron(hf, shape, padded_vocab=24)
     assert ("output_layer.weight" in mg) is not tied
     assert_same(megatron_to_hf(mg, shape), hf)
@@ -117,10 +162,42 @@ def test_gqa_round_trip_exact_and_layout(tied: bool) -> None:
     assert not mg["embedding.word_embeddings.weight"][19:].any()  # padding rows are zero
 
 
+@pytest.mark.parametrize("family", ["qwen2", "qwen3"])
+def test_qwen_layout(family: str) -> None:
+    """Qwen2's q/k/v biases fuse in the grouped layout of the weights; Qwen3's q/k norms
+    are the attention's q_layernorm / k_layernorm; both round-trip exactly."""
+    config = gqa_config(True, family)
+    hf = hf_weights(config)
+    shape = ModelShape.from_hf(config)
+    mg = hf_to_megatron(hf, shape, padded_vocab=24)
+    assert_same(megatron_to_hf(mg, shape), hf)
+    h, m = "model.layers.1.self_attn.", "decoder.layers.1.self_attention."
+    if family == "qwen2":
+        d, bias = 8, mg[m + "linear_qkv.bias"]
+        assert bias.shape == ((8 + 2 * 2) * d,)
+        group1 = bias[6 * d:12 * d]  # group 1: its 4 query heads, key head 1, value head 1
+        assert torch.equal(group1[:4 * d], hf[h + "q_proj.bias"][4 * d:])
+        assert torch.equal(group1[4 * d:5 * d], hf[h + "k_proj.bias"][d:])
+        assert torch.equal(group1[5 * d:], hf[h + "v_proj.bias"][d:])
+    else:
+        assert torch.equal(mg[m + "q_layernorm.weight"], hf[h + "q_norm.weight"])
+        assert torch.equal(mg[m + "k_layernorm.weight"], hf[h + "k_norm.weight"])
+        assert not torch.equal(hf[h + "q_norm.weight"], hf[h + "k_norm.weight"])
+
+
+def test_conversion_refuses_what_it_does_not_map() -> None:
+    with pytest.raises(ValueError, match="model_type 'gpt2'"):
+        ModelShape.from_hf(AutoConfig.for_model("gpt2"))
+    with pytest.raises(ValueError, match="sliding-window"):
+        ModelShape.from_hf(Qwen2Config(use_sliding_window=True, sliding_window=16))
+    with pytest.raises(ValueError, match="attention_bias"):
+        ModelShape.from_hf(Qwen3Config(attention_bias=True))
+
+
 def test_conversion_refuses_unmapped_keys() -> None:
     config = gqa_config()
     hf = hf_weights(config)
-    shape = LlamaShape.from_hf(config)
+    shape = ModelShape.from_hf(config)
     with pytest.raises(ValueError, match=r"model\.layers\.9\.extra"):
         hf_to_megatron({**hf, "model.layers.9.extra": torch.zeros(1)}, shape)
     mg = hf_to_megatron(hf, shape)
@@ -129,11 +206,12 @@ def test_conversion_refuses_unmapped_keys() -> None:
         megatron_to_hf(mg, shape)
 
 
-@pytest.mark.parametrize(("tp", "pp", "tied"), [(2, 1, False), (1, 2, True), (2, 2, False),
-                                                (2, 2, True)])
-def test_shards_merge_back_exactly(tp: int, pp: int, tied: bool) -> None:
-    config = gqa_config(tied)
-    shape = LlamaShape.from_hf(config)
+@pytest.mark.parametrize(("tp", "pp", "tied", "family"), [
+    (2, 1, False, "llama"), (1, 2, True, "llama"), (2, 2, False, "llama"),
+    (2, 2, True, "llama"), (2, 2, True, "qwen2"), (2, 1, False, "qwen3")])
+def test_shards_merge_back_exactly(tp: int, pp: int, tied: bool, family: str) -> None:
+    config = gqa_config(tied, family)
+    shape = ModelShape.from_hf(config)
     full = hf_to_megatron(hf_weights(config), shape, padded_vocab=24)
     layout = Layout.for_model(shape, tp, pp)
     assert layout == Layout(tp, pp, 4, tied)
@@ -148,11 +226,19 @@ def test_shards_merge_back_exactly(tp: int, pp: int, tied: bool) -> None:
     layer = f"decoder.layers.{4 - 4 // pp + 1}.mlp.linear_fc1.weight"
     gate, up = full[layer].chunk(2)
     assert torch.equal(fc1, torch.cat([gate.chunk(tp)[-1], up.chunk(tp)[-1]]))
+    attn, global_attn = "decoder.layers.1.self_attention.", layer.removesuffix(
+        "mlp.linear_fc1.weight") + "self_attention."
+    if family == "qwen2":  # the bias is cut as its weight's rows: whole query groups
+        assert torch.equal(last[attn + "linear_qkv.bias"],
+                           full[global_attn + "linear_qkv.bias"].chunk(tp)[-1])
+    if family == "qwen3":  # per-head norms are replicated
+        assert torch.equal(last[attn + "q_layernorm.weight"],
+                           full[global_attn + "q_layernorm.weight"])
     assert_same(merge_shards(shards, layout), full)
 
 
 def test_layout_refuses_sizes_that_cut_a_query_group() -> None:
-    shape = LlamaShape.from_hf(gqa_config())
+    shape = ModelShape.from_hf(gqa_config())
     with pytest.raises(ValueError, match="2 key/value heads do not split over 4 ranks"):
         Layout.for_model(shape, 4, 1)  # qkv's 96 rows would split into 4, but not by group
     with pytest.raises(ValueError, match="4 layers do not split over 3 ranks"):
@@ -163,8 +249,8 @@ def test_layout_refuses_sizes_that_cut_a_query_group() -> None:
 def test_conversion_fits_a_real_gptmodel() -> None:
     """A megatron-core GPTModel built from the HF config has exactly the converted keys and
     shapes, loads them, and its modules then compute what the HF modules compute. (The full
-    forward needs CUDA: megatron-core's RoPE cache and attention buffers are CUDA-only; that
-    runs in tools/device/megatron_check.py.)"""
+    forward runs in `test_gptmodel_logits_equal_transformers`, in a child process with the
+    CPU shims of rft_hpc.megatron.cpu.)"""
     import torch.distributed as dist
     from megatron.core import parallel_state
 
@@ -172,7 +258,7 @@ def test_conversion_fits_a_real_gptmodel() -> None:
 
     config = gqa_config()
     hf = hf_model(config)
-    shape = LlamaShape.from_hf(config)
+    shape = ModelShape.from_hf(config)
     mg = hf_to_megatron(hf.state_dict(), shape, padded_vocab=24)
     own = not dist.is_initialized()
     if own:
@@ -193,7 +279,7 @@ def test_conversion_fits_a_real_gptmodel() -> None:
             dist.destroy_process_group()
 
 
-def assert_modules_compute_like_hf(model: torch.nn.Module, hf: LlamaForCausalLM) -> None:
+def assert_modules_compute_like_hf(model: torch.nn.Module, hf: torch.nn.Module) -> None:
     """Megatron's own forward code of each converted piece (sequence-first tensors) against
     the HF module: the grouped QKV split, SwiGLU MLP, norms, embedding, output layer and
     the rotary embedding's convention."""
@@ -232,7 +318,7 @@ def assert_modules_compute_like_hf(model: torch.nn.Module, hf: LlamaForCausalLM)
     assert not torch.allclose(rotated, q, atol=1e-3)  # the rotation did something
 
 
-def run_ranks(tmp_path: Path, mode: str, tp: int, pp: int, config: LlamaConfig
+def run_ranks(tmp_path: Path, mode: str, tp: int, pp: int, config: PretrainedConfig
               ) -> dict[str, torch.Tensor]:
     weights, cfg = tmp_path / "hf.safetensors", tmp_path / "config.json"
     hf = hf_weights(config)
@@ -262,7 +348,33 @@ def test_gather_over_gloo_tp2_pp2(tmp_path: Path) -> None:
 
 
 @pytest.mark.needs_module("megatron.core")
-def test_gather_real_gptmodel_tp2(tmp_path: Path) -> None:
+@pytest.mark.parametrize("family", ["llama", "qwen3"])
+def test_gather_real_gptmodel_tp2(tmp_path: Path, family: str) -> None:
     """2 ranks init megatron-core's parallel_state at TP=2 over gloo, each loads its shard
-    into a real TP=2 GPTModel; gathering the models' state_dict() gives the HF weights."""
-    run_ranks(tmp_path, "megatron", 2, 1, gqa_config())
+    into a real TP=2 GPTModel (every key and shape must fit: Qwen3's replicated q/k norms
+    too); gathering the models' state_dict() gives the HF weights. (Qwen2 at TP=2 trains in
+    tests/integration/test_megatron_train.py.)"""
+    run_ranks(tmp_path, "megatron", 2, 1, gqa_config(family == "qwen3", family))
+
+
+@pytest.mark.needs_module("megatron.core")
+def test_gptmodel_logits_equal_transformers(tmp_path: Path, family_models: dict[str, Path]
+                                            ) -> None:
+    """megatron-core's GPTModel, converted from each family's tiny model (norms made
+    distinct), computes transformers' logits on a right-padded batch: the whole forward,
+    biases, q/k norms, rotary embeddings, tied output layer and padding mask included.
+    Float32 on CPUs (float noise, ~5e-7); 2e-3 on CUDA, as tools/device/megatron_check.py."""
+    out, families = tmp_path / "logits.pt", ("llama", "qwen2", "qwen3")
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1",
+           "PYTHONWARNINGS": "ignore"}
+    proc = subprocess.run([sys.executable, str(WORKER), "logits", str(out),
+                           *(str(family_models[f]) for f in families)],
+                          env=env, capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    results = torch.load(out)
+    for family in families:
+        result = results[str(family_models[family])]
+        diff = float((result["megatron"] - result["hf"]).abs().max())
+        print(f"{family}: GPTModel vs transformers logits, max |diff| {diff:.3g} "
+              f"(logits up to {float(result['hf'].abs().max()):.3g})")
+        assert diff <= (2e-3 if torch.cuda.is_available() else 1e-5), family

@@ -75,7 +75,7 @@ def megatron_part(model_dir: Path, out: Path, lr: float, tol: float) -> dict:
     from safetensors.torch import load_file, save_file
     from transformers import AutoConfig
 
-    from rft_hpc.megatron.convert import LlamaShape, hf_to_megatron, padded_vocab_size
+    from rft_hpc.megatron.convert import ModelShape, hf_to_megatron, padded_vocab_size
     from rft_hpc.megatron.cpu import enable_cpu_execution
     from rft_hpc.megatron.model import build_gpt_model, load_megatron_state, weights_of
     from rft_hpc.megatron.publish import gather_hf_state
@@ -92,7 +92,7 @@ def megatron_part(model_dir: Path, out: Path, lr: float, tol: float) -> dict:
     if DEV == "cuda":
         model_parallel_cuda_manual_seed(0)
     config = AutoConfig.from_pretrained(str(model_dir), local_files_only=True)
-    shape = LlamaShape.from_hf(config)
+    shape = ModelShape.from_hf(config)
     vocab = padded_vocab_size(shape.vocab_size, 1)
     hf = load_file(model_dir / "model.safetensors")
     model = build_gpt_model(config, padded_vocab=vocab).to(DEV)
