@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -105,9 +106,50 @@ def run_worker(tmp_path: Path, model: Path, tp: int, world: int | None = None) -
     return torch.load(tmp_path / f"megatron-{world}.pt")
 
 
+FAMILIES = ("llama", "qwen2")
+"""llama: the demo's tiny model; qwen2: q/k/v biases and tied embeddings (at TP = 2 the
+vocab-parallel embedding is also the output layer)."""
+
+TIED = {"lm_head.weight": "model.embed_tokens.weight"}
+"""Tied weights: state dicts name both, parameters (and so gradients) only the second."""
+
+
 @pytest.fixture(scope="module")
-def tp1(tmp_path_factory, tiny_model) -> dict:
-    return run_worker(tmp_path_factory.mktemp("tp1"), tiny_model, 1)
+def model_of(tmp_path_factory, tiny_model) -> Callable[[str], Path]:
+    """The tiny model folder of a family, built once per module."""
+    from rft_hpc.models.tiny import TinyModelSpec, init_tiny_model
+
+    built = {"llama": tiny_model}
+
+    def get(family: str) -> Path:
+        if family not in built:
+            built[family] = init_tiny_model(tmp_path_factory.mktemp(family),
+                                            TinyModelSpec(arch=family))  # type: ignore[arg-type]
+        return built[family]
+    return get
+
+
+@pytest.fixture(scope="module")
+def tp1_of(tmp_path_factory, model_of) -> Callable[[str], dict]:
+    """`run_worker` at TP = 1 on one process for a family, run once per module."""
+    done: dict[str, dict] = {}
+
+    def get(family: str) -> dict:
+        if family not in done:
+            done[family] = run_worker(tmp_path_factory.mktemp(f"tp1-{family}"),
+                                      model_of(family), 1)
+        return done[family]
+    return get
+
+
+@pytest.fixture(scope="module", params=FAMILIES)
+def family(request) -> str:
+    return request.param
+
+
+@pytest.fixture(scope="module")
+def tp1(tp1_of, family) -> dict:
+    return tp1_of(family)
 
 
 def assert_same_step(want: dict[str, torch.Tensor], got: dict[str, torch.Tensor],
@@ -116,7 +158,7 @@ def assert_same_step(want: dict[str, torch.Tensor], got: dict[str, torch.Tensor]
     cannot flip the first step's ~lr * sign(g)), within 2 lr everywhere."""
     assert sorted(got) == sorted(want)
     for k, w in want.items():
-        clear = grads[k].abs() >= 1e-6
+        clear = grads[TIED.get(k, k) if k not in grads else k].abs() >= 1e-6
         torch.testing.assert_close(got[k][clear], w[clear], rtol=1e-5, atol=1e-5, msg=k)
         assert float((got[k] - w).abs().max()) <= 2 * lr, k
 
@@ -125,17 +167,21 @@ def max_diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
     return max(float((a[k] - b[k]).abs().max()) for k in a)
 
 
-def test_tp1_step_equals_the_torch_backend(tp1):
+def test_tp1_step_equals_the_torch_backend(tp1, family):
     """One GRPO step (KL term, weight decay, grad clip) of the megatron backend, TP = 1,
-    gives the torch backend's gradients, metrics and updated HF weights."""
+    gives the torch backend's gradients, metrics and updated HF weights (with tied
+    embeddings `lm_head.weight` too, as transformers' state dict has it)."""
     assert sorted(tp1["weights"]) == sorted(tp1["torch_weights"])
+    assert "lm_head.weight" in tp1["weights"]
+    if family == "qwen2":
+        assert tp1["weights"]["lm_head.weight"] is tp1["weights"]["model.embed_tokens.weight"]
     for k, g in tp1["torch_grads"].items():
         torch.testing.assert_close(tp1["grads"][k], g, rtol=1e-4,
                                    atol=1e-5 * float(g.abs().max()), msg=k)
     for key in ("loss", "tokens", "grad_norm", "kl_ref"):
         assert tp1["values"][key] == pytest.approx(tp1["torch_values"][key], rel=1e-5), key
     assert_same_step(tp1["torch_weights"], tp1["weights"], tp1["torch_grads"], TRAINER["lr"])
-    print(f"megatron TP=1 vs torch, one GRPO step: max |weight diff| "
+    print(f"{family}: megatron TP=1 vs torch, one GRPO step: max |weight diff| "
           f"{max_diff(tp1['torch_weights'], tp1['weights']):.3g}")
 
 
@@ -157,14 +203,18 @@ def test_restored_checkpoint_continues_bit_for_bit(tp1):
         assert not torch.equal(w, tp1["weights"][k]), k
 
 
-@pytest.mark.parametrize("tp", [2, 1], ids=["tp2", "dp2"])
-def test_two_processes_over_gloo_equal_one(tmp_path, tiny_model, tp1, tp):
-    """Two processes over gloo, at TP = 2 (each holds half of every cut weight) or at TP = 1
-    (two data-parallel replicas, each training on half of the rows, gradients summed): the
-    same step as one process, and a restored checkpoint continues it exactly."""
-    two = run_worker(tmp_path, tiny_model, tp, world=2)
+@pytest.mark.parametrize(("name", "tp"), [("llama", 2), ("llama", 1), ("qwen2", 2)],
+                         ids=["tp2", "dp2", "qwen2-tp2"])
+def test_two_processes_over_gloo_equal_one(tmp_path, model_of, tp1_of, name, tp):
+    """Two processes over gloo, at TP = 2 (each holds half of every cut weight: Qwen2's q/k/v
+    biases by query group, its tied embedding by vocabulary rows) or at TP = 1 (two
+    data-parallel replicas, each training on half of the rows, gradients summed): the same
+    step as one process, and a restored checkpoint continues it exactly."""
+    family, tp1 = name, tp1_of(name)
+    two = run_worker(tmp_path, model_of(family), tp, world=2)
+    assert sorted(two["weights"]) == sorted(tp1["weights"])
     if tp == 2:
-        total = sum(t.numel() for t in tp1["weights"].values())
+        total = sum(t.numel() for k, t in tp1["weights"].items() if k not in TIED)
         assert two["shard_numel"] < 0.6 * total  # rank 0 held about half of the model
     for key in ("loss", "tokens", "grad_norm", "kl_ref"):
         assert two["values"][key] == pytest.approx(tp1["values"][key], rel=1e-5), key
@@ -172,8 +222,8 @@ def test_two_processes_over_gloo_equal_one(tmp_path, tiny_model, tp1, tp):
         torch.testing.assert_close(two["grads"][k], g, rtol=1e-4,
                                    atol=1e-5 * float(g.abs().max()), msg=k)
     assert_same_step(tp1["weights"], two["weights"], tp1["grads"], TRAINER["lr"])
-    print(f"megatron TP={tp} x DP={2 // tp} vs one process, one GRPO step: max |weight diff| "
-          f"{max_diff(tp1['weights'], two['weights']):.3g}")
+    print(f"{family}: megatron TP={tp} x DP={2 // tp} vs one process, one GRPO step: "
+          f"max |weight diff| {max_diff(tp1['weights'], two['weights']):.3g}")
     for k, w in two["second"].items():
         assert torch.equal(two["restored"][k], w), k
 
