@@ -1,10 +1,8 @@
 """Tiny chat models for the prompt-format tests: the tiny Llama with a printable-character
 tokenizer, ChatML's `<|im_start|>` / `<|im_end|>` and a ChatML chat template, where the
 end-of-turn token `<|im_end|>` is not the tokenizer's EOS (`</s>`) but is listed in
-generation_config.json, as in Qwen2.5's instruct models.
-
-Once `rft-hpc model init tiny --arch ...` builds real chat families, `chat_model` uses it
-for those archs; `llama` is always built here.
+generation_config.json (the case of a base model given a chat template); and the
+families of `rft-hpc model init tiny --arch`.
 """
 
 from __future__ import annotations
@@ -17,19 +15,17 @@ CHATML = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }
 
 
 def chat_model(folder: Path, arch: str = "llama") -> Path:
-    """A tiny chat model folder of family `arch` in `folder` (built once)."""
+    """A tiny chat model folder in `folder` (built once): `llama` is the ChatML Llama of
+    this module; `llama3`, `qwen2`, `qwen3`, `mistral` are `rft-hpc model init tiny`'s chat
+    models of that family (their own templates and special tokens)."""
     if (folder / "config.json").is_file():
         return folder
-    if arch != "llama":
-        from rft_hpc.models import tiny
+    if arch == "llama":
+        return _llama_chatml(folder)
+    from rft_hpc.models.tiny import TinyModelSpec, init_tiny_model
 
-        init = getattr(tiny, "init_tiny_chat_model", None)
-        if init is None:
-            import pytest
-
-            pytest.skip(f"no tiny {arch} chat model builder yet")
-        return init(folder, arch=arch)
-    return _llama_chatml(folder)
+    spec = TinyModelSpec(chat=True) if arch == "llama3" else TinyModelSpec(arch=arch)
+    return init_tiny_model(folder, spec)
 
 
 def _llama_chatml(folder: Path) -> Path:

@@ -17,7 +17,7 @@ from rft_hpc.config.prompt import PromptConfig
 from rft_hpc.core.errors import UserError
 from rft_hpc.engines.hf import HFEngine
 from rft_hpc.explorer.workflow import SamplingSettings, explore_tasks
-from rft_hpc.tasks.prompts import model_stop_ids, prompt_ids
+from rft_hpc.tasks.prompts import chat_messages, model_stop_ids, prompt_ids
 from rft_hpc.tasks.task import Task
 
 CHAT = PromptConfig(format="chat", system_prompt="Answer with a number.")
@@ -27,7 +27,7 @@ TASKS = [Task("m0", messages=[{"role": "user", "content": "What is 12+30?"}], an
                               {"role": "user", "content": "7*6?"}], answer="42")]
 
 
-@pytest.fixture(scope="module", params=["llama", "qwen2", "qwen3"])
+@pytest.fixture(scope="module", params=["llama", "llama3", "qwen2", "qwen3", "mistral"])
 def family(request, tmp_path_factory):
     return chat_model(tmp_path_factory.mktemp(f"chat-{request.param}"), request.param)
 
@@ -101,8 +101,14 @@ def test_trainer_logprobs_equal_the_engines_on_chat_rollouts(family):
     tasks = list(TASKS)
     settings = SamplingSettings(repeat=4, max_new_tokens=24, temperature=0.8)
     experiences, _ = explore_tasks(engine, tasks, settings, first_group_id=0, step=1, seed=3)
+    tok = engine.tokenizer
     for task, exp in zip([t for t in tasks for _ in range(4)], experiences, strict=True):
-        assert list(exp.tokens[:exp.prompt_length]) == prompt_ids(engine.tokenizer, task, CHAT)
+        templated = tok.apply_chat_template(chat_messages(task, CHAT), tokenize=True,
+                                            add_generation_prompt=True, return_dict=True)
+        assert list(exp.tokens[:exp.prompt_length]) == list(templated["input_ids"])
+    generation_eos = engine.model.generation_config.eos_token_id
+    assert set(engine.stop_ids) >= set([generation_eos] if isinstance(generation_eos, int)
+                                       else generation_eos)
     batch = collate(experiences, pad_id=engine.pad_id)
     with torch.no_grad():
         recomputed = token_logprobs(engine.model, batch, temperature=0.8)
