@@ -120,6 +120,9 @@ def test_a_malformed_import_line_is_one_message_and_writes_nothing(tmp_path, dem
      ["unknown kind 'ppo'"]),
     (["buffer", "import", "{tmp}/f.jsonl", "--kind", "sft", "--out", "{tmp}/b",
       "--tokenizer", "{tmp}/notok"], ["notok does not exist"]),
+    (["model", "init", "tiny", "--arch", "gpt2", "--out", "{tmp}/m"],
+     ["unknown --arch 'gpt2'", "llama, qwen2, qwen3, mistral"]),
+    (["model", "init", "huge", "--out", "{tmp}/m"], ["unknown model 'huge'"]),
     (["buffer", "inspect"], ["Missing argument"]),
     (["buffer", "frobnicate"], ["No such command"]),
 ])
@@ -127,3 +130,14 @@ def test_bad_input_gives_one_clear_message(tmp_path, args, fragments):
     (tmp_path / "f.jsonl").write_text('{"prompt": "a", "response": "b"}\n')
     result = rft(*[a.format(tmp=tmp_path) for a in args])
     assert_user_error(result, *fragments)
+
+
+def test_model_init_builds_a_family_chat_model(tmp_path):
+    result = rft("model", "init", "tiny", "--arch", "qwen2", "--out", tmp_path / "m")
+    assert result.returncode == 0, result.stderr
+    assert "tiny qwen2 chat model written to" in result.stdout
+    config = json.loads((tmp_path / "m" / "config.json").read_text())
+    assert config["architectures"] == ["Qwen2ForCausalLM"] and config["tie_word_embeddings"]
+    tokenizer = json.loads((tmp_path / "m" / "tokenizer_config.json").read_text())
+    assert "<|im_start|>" in tokenizer["chat_template"]
+    assert_user_error(rft("model", "init", "tiny", "--out", tmp_path / "m"), "is not empty")
