@@ -55,6 +55,7 @@ def _register_commands() -> None:
         audit_cmd,
         buffer_cmd,
         eval_cmd,
+        export_cmd,
         run_cmd,
         slurm_cmd,
         status_cmd,
@@ -69,6 +70,7 @@ def _register_commands() -> None:
     app.command("validate")(validate_cmd.validate)
     app.command("audit")(audit_cmd.audit)
     app.command("eval")(eval_cmd.eval_)
+    app.command("export")(export_cmd.export)
     run_cmd.role_app.command("bench")(eval_cmd.role_bench)
     run_cmd.role_app.command("bench-collect")(eval_cmd.role_bench_collect)
     run_cmd.role_app.command("bench-stage")(eval_cmd.role_bench_stage)
