@@ -15,15 +15,13 @@ drives an explorer in-process should keep heavy imports under its `__main__` gua
 from __future__ import annotations
 
 import contextlib
-import multiprocessing
 import threading
 import time
 from multiprocessing.connection import Connection
 from multiprocessing.context import BaseContext
 from typing import Any
 
-_CTX: BaseContext | None = None
-_CTX_LOCK = threading.Lock()
+from rft_hpc.core.forkserver import forkserver_context
 
 
 class EnvError(Exception):
@@ -39,14 +37,9 @@ class Cancelled(Exception):
 
 
 def env_context() -> BaseContext:
-    """The fork-server context of the worker processes (started once per process)."""
-    global _CTX
-    with _CTX_LOCK:
-        if _CTX is None:
-            ctx = multiprocessing.get_context("forkserver")
-            ctx.set_forkserver_preload(["rft_hpc.envs.base", "rft_hpc.envs.guess"])
-            _CTX = ctx
-        return _CTX
+    """The fork-server context of the worker processes (started once per process, shared
+    with the reward workers: `rft_hpc.core.forkserver`)."""
+    return forkserver_context(["rft_hpc.envs.base", "rft_hpc.envs.guess"])
 
 
 def _serve(conn: Connection, name: str, args: dict[str, Any], count: int) -> None:

@@ -1,0 +1,219 @@
+"""Reward calls in worker processes, each with a time limit, so that a bad reward costs
+only the rollouts it was scoring.
+
+Why processes and not threads: a Python thread cannot be stopped. A reward that hangs (a
+SymPy simplification that never ends, a network call, a `while True`) would keep its
+thread, and the CPU it spins on, for the rest of the run, and a pool of such threads runs
+dry; a process can always be killed. The workers are forked from the role's fork server
+(`rft_hpc.core.forkserver`, never from the role with its torch threads), import the
+rewards once, and score one call at a time; a call that overruns its limit gets its worker
+killed and replaced, and its rollout scores 0. A call runs in its worker's main thread, so
+rewards that rely on SIGALRM work there too.
+
+Each outcome says whether the call raised (`error`) or overran (`timed_out`); counting them
+and deciding when too many failed is the caller's business (the explorer,
+`explorer.reward_failure_limit`). `score_inline` is the same contract in the calling thread,
+without a time limit, for tools and tests that run no worker processes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+import time
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass
+from multiprocessing.connection import Connection, wait
+from typing import Any
+
+from rft_hpc.core.forkserver import forkserver_context
+from rft_hpc.tasks.task import Task
+
+START_SECONDS = 60.0
+"""The longest a worker may take to start (the first one also starts the fork server and
+imports the rewards: seconds on a loaded node); past it the pool gives up with an error."""
+
+MESSAGE_CHARS = 500
+"""Error messages are cut to this length (a reward may raise with a whole response in it)."""
+
+_PRELOAD = ("rft_hpc.tasks.rewards", "rft_hpc.tasks.math_reward", "rft_hpc.tasks.format_reward")
+
+
+@dataclass(frozen=True)
+class RewardOutcome:
+    """What one reward call gave: a score, or why it gave none (then `score` is 0)."""
+
+    score: float = 0.0
+    error: str | None = None
+    """The exception the reward raised (`TypeName: message`), why its worker died, or that
+    it timed out."""
+    timed_out: bool = False
+    """The call overran its time limit (its worker was killed)."""
+
+    @property
+    def failed(self) -> bool:
+        """Whether the call raised, died or timed out."""
+        return self.error is not None
+
+
+RewardCall = tuple[Task, str]
+"""(task, response text): one rollout to score with the task's reward."""
+
+
+def score_inline(calls: Sequence[RewardCall]) -> list[RewardOutcome]:
+    """Each call's outcome, computed in this thread (no time limit)."""
+    from rft_hpc.tasks.rewards import call_reward
+
+    outcomes = []
+    for task, response in calls:
+        try:
+            outcomes.append(RewardOutcome(call_reward(task, response)))
+        except Exception as exc:  # the reward's fault costs its rollout only
+            outcomes.append(RewardOutcome(error=_describe(exc)))
+    return outcomes
+
+
+def _describe(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}"[:MESSAGE_CHARS]
+
+
+def _serve(conn: Connection) -> None:
+    """A worker: score `(index, task, response)` messages until None or the pipe closes."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the explorer stops its workers itself
+    from rft_hpc.tasks.rewards import call_reward
+
+    conn.send((-1, "ready", None))
+    while True:
+        try:
+            message = conn.recv()
+        except (EOFError, OSError):
+            return
+        if message is None:
+            return
+        index, task, response = message
+        try:
+            conn.send((index, "ok", call_reward(task, response)))
+        except (Exception, SystemExit) as exc:  # reported, scored 0; the worker goes on
+            conn.send((index, "error", _describe(exc)))
+
+
+class _Worker:
+    """One worker process and the call it is busy with."""
+
+    def __init__(self) -> None:
+        ctx = forkserver_context(_PRELOAD)
+        self.conn, child = ctx.Pipe()
+        self.proc = ctx.Process(target=_serve, args=(child,), daemon=True,
+                                name="reward-worker")
+        self.proc.start()
+        child.close()
+        self.ready = False
+        self.busy: int | None = None
+        self.deadline = time.monotonic() + START_SECONDS
+
+    def send(self, index: int, call: RewardCall, timeout: float) -> bool:
+        """Start scoring `call`; False when the worker is gone."""
+        try:
+            self.conn.send((index, *call))
+        except (OSError, ValueError):
+            return False
+        self.busy, self.deadline = index, time.monotonic() + timeout
+        return True
+
+    def close(self, kill: bool = False) -> None:
+        """Stop the worker: at once with `kill`, else asked and killed after 0.5 s."""
+        if not kill:
+            with contextlib.suppress(OSError, ValueError):
+                self.conn.send(None)
+            self.proc.join(0.5)
+        if self.proc.is_alive():
+            self.proc.kill()
+            self.proc.join(5)
+        self.conn.close()
+
+
+class RewardPool:
+    """`workers` reward worker processes; `score` bounds every call by `timeout` seconds."""
+
+    def __init__(self, workers: int = 1, timeout: float = 10.0) -> None:
+        if workers < 1 or timeout <= 0:
+            raise ValueError("a reward pool needs workers >= 1 and a timeout > 0")
+        self.timeout = timeout
+        self.restarts = 0
+        """Workers replaced so far (killed after a timeout, or died)."""
+        self._workers = [_Worker() for _ in range(workers)]  # they start while we go on
+
+    def score(self, calls: Sequence[RewardCall]) -> list[RewardOutcome]:
+        """Each call's outcome, in the order of `calls` (the same whatever the number of
+        workers). Raises `RuntimeError` only when a worker cannot even start."""
+        outcomes: list[RewardOutcome | None] = [None] * len(calls)
+        todo = deque(range(len(calls)))
+        while todo or any(w.busy is not None for w in self._workers):
+            for w in list(self._workers):
+                if w.ready and w.busy is None and todo:
+                    index = todo.popleft()
+                    if not w.send(index, calls[index], self.timeout):
+                        todo.appendleft(index)  # the worker died idle: not the call's fault
+                        self._replace(w)
+            waiting = [w for w in self._workers if w.busy is not None or not w.ready]
+            if not waiting:
+                continue
+            left = min(w.deadline for w in waiting) - time.monotonic()
+            readable = set(wait([w.conn for w in waiting], timeout=max(left, 0.0)))
+            for w in waiting:
+                if w.conn in readable:
+                    self._receive(w, outcomes)
+                elif time.monotonic() >= w.deadline:
+                    self._overran(w, outcomes)
+        return [o if o is not None else RewardOutcome(error="not scored") for o in outcomes]
+
+    def _receive(self, w: _Worker, outcomes: list[RewardOutcome | None]) -> None:
+        try:
+            index, status, value = w.conn.recv()
+        except (EOFError, OSError):
+            w.proc.join(1.0)
+            code = w.proc.exitcode
+            if w.busy is None:
+                self._check_started(w, f"it died (exit code {code})")
+            else:
+                outcomes[w.busy] = RewardOutcome(
+                    error=f"the reward's process died (exit code {code})")
+            self._replace(w)
+            return
+        if status == "ready":
+            w.ready = True
+        else:
+            outcomes[index] = (RewardOutcome(float(value)) if status == "ok"
+                               else RewardOutcome(error=str(value)))
+            w.busy = None
+
+    def _overran(self, w: _Worker, outcomes: list[RewardOutcome | None]) -> None:
+        if w.busy is None:
+            self._check_started(w, f"it did not start within {START_SECONDS:.0f} s")
+        outcomes[w.busy] = RewardOutcome(  # type: ignore[index]
+            error=f"timed out (no result within {self.timeout:g} s)",
+            timed_out=True)
+        self._replace(w)
+
+    def _check_started(self, w: _Worker, why: str) -> None:
+        if not w.ready:
+            raise RuntimeError(f"a reward worker process failed to start: {why}")
+
+    def _replace(self, w: _Worker) -> None:
+        w.close(kill=True)  # it died, or overran: nothing to wait for
+        self.restarts += 1
+        i = self._workers.index(w)
+        self._workers[i] = _Worker()
+
+    def close(self) -> None:
+        """Stop every worker."""
+        for w in self._workers:
+            w.close()
+        self._workers = []
+
+    def __enter__(self) -> RewardPool:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()

@@ -1,0 +1,83 @@
+"""Reward worker processes (rft_hpc.tasks.reward_pool): a reward that raises, hangs, dies
+or returns no number costs only its own call; the pool kills and replaces the worker of a
+call that overran and goes on, and the outcomes keep the order of the calls."""
+
+from __future__ import annotations
+
+import sys
+import time
+
+import pytest
+
+from rft_hpc.tasks.reward_pool import RewardPool
+from rft_hpc.tasks.task import Task
+
+REWARDS = '''
+import os
+import time
+
+def flaky(task, response):
+    if task.task_id.endswith("3"):
+        raise ValueError(f"no score for {task.task_id}")
+    return 1.0
+
+def hangs(task, response, *, seconds):
+    if task.task_id.endswith("2"):
+        time.sleep(seconds)
+    return 0.5
+
+def dies(task, response):
+    if task.task_id == "t1":
+        os._exit(3)
+    return 2.0
+
+def words(task, response):
+    return "many"
+'''
+
+
+@pytest.fixture
+def user_rewards(tmp_path, monkeypatch):
+    """A user's reward module, importable here and (through sys.path) in the workers."""
+    (tmp_path / "pool_rewards.py").write_text(REWARDS)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    yield "pool_rewards"
+    sys.modules.pop("pool_rewards", None)
+
+
+def calls(name, n=5, **args):
+    return [(Task(f"t{i}", "", "#### 4", reward=name, reward_args=args), "4") for i in range(n)]
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_failing_calls_cost_only_themselves(user_rewards, workers):
+    with RewardPool(workers=workers, timeout=1.0) as pool:
+        flaky = pool.score(calls(f"{user_rewards}:flaky"))
+        assert [o.score for o in flaky] == [1.0, 1.0, 1.0, 0.0, 1.0]
+        assert flaky[3].error == "ValueError: no score for t3" and not flaky[3].timed_out
+
+        t0 = time.monotonic()
+        hung = pool.score(calls(f"{user_rewards}:hangs", seconds=60))
+        assert time.monotonic() - t0 < 30  # killed at its limit, not waited for
+        assert [o.score for o in hung] == [0.5, 0.5, 0.0, 0.5, 0.5]
+        assert hung[2].timed_out and hung[2].error == "timed out (no result within 1 s)"
+        assert not any(o.failed for i, o in enumerate(hung) if i != 2)
+
+        died = pool.score(calls(f"{user_rewards}:dies"))
+        assert [o.score for o in died] == [2.0, 0.0, 2.0, 2.0, 2.0]
+        assert died[1].error == "the reward's process died (exit code 3)"
+
+        words = pool.score(calls(f"{user_rewards}:words", n=2))
+        assert all(o.error and "returned str 'many', not a number" in o.error for o in words)
+
+        math = pool.score(calls("math_verify", n=3))  # the replaced workers score on
+        assert [o.score for o in math] == [1.0, 1.0, 1.0]
+        assert pool.restarts == 2  # the hung call's worker and the one that died
+
+
+def test_an_unimportable_reward_fails_each_call_with_the_reason():
+    with RewardPool(timeout=5.0) as pool:
+        outcomes = pool.score(calls("gone_module_xyz:f", n=2))
+    assert [o.score for o in outcomes] == [0.0, 0.0]
+    assert all("cannot be imported: No module named 'gone_module_xyz'" in o.error
+               for o in outcomes)
