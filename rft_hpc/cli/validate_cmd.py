@@ -8,6 +8,7 @@ import typer
 
 from rft_hpc.config import load_config
 from rft_hpc.tasks.data_check import check_task_sources
+from rft_hpc.tasks.preflight import PREFLIGHT_CHECKS
 
 
 def validate(
@@ -21,11 +22,11 @@ def validate(
 
     Prints a one-line summary and exits 0 when valid; else lists every problem, exit 2.
     Task files are read too: a missing column or a bad row is reported with its file and
-    row, exit 2.
+    row, exit 2. Every reward is imported and its arguments bound to its signature.
     """
     # A `ConfigError` or `UserError` propagates: `app.main` prints it as one message and
     # exits 2.
-    cfg = load_config(config, set_)
+    cfg = load_config(config, set_, checks=PREFLIGHT_CHECKS)
     check_task_sources(cfg)
     typer.echo(
         f"OK: {config} (mode={cfg.mode}, {cfg.explorer.count} explorer(s), "

@@ -28,7 +28,8 @@ OVERRIDE_EXAMPLE = "trainer.lr=1e-5"
 
 
 def load_config(
-    path: str | os.PathLike[str], overrides: Sequence[str] = ()
+    path: str | os.PathLike[str], overrides: Sequence[str] = (),
+    checks: Sequence[tuple[frozenset[str], Check]] = (),
 ) -> ExperimentConfig:
     """Read the YAML config at `path`, apply the `KEY=VALUE` overrides and validate it.
 
@@ -37,7 +38,9 @@ def load_config(
     On any problem (missing or unreadable file, bad YAML, malformed override, unknown key,
     a setting's old name, wrong type or value, `model.path` that does not exist) raises
     `ConfigError` naming every problem found, each with its key and line; never returns a
-    partly valid config.
+    partly valid config. `checks` are more checks like `CHECKS`, from layers above this one
+    (`rft_hpc.tasks.preflight`: the rewards import and take their arguments); their
+    problems are reported the same way, with key and line.
     """
     path = Path(path)
     source = _Source(path, _read(path))
@@ -47,7 +50,7 @@ def load_config(
     problems += [source.problem(keys, message) for keys, message in take_renamed(source.data)]
     config, failed, invalid = _validate(source)
     problems += invalid
-    problems += _run_checks(source, config, failed)
+    problems += _run_checks(source, config, failed, (*CHECKS, *checks))
     if problems:
         problems.sort(key=lambda p: (p.line is None, p.line or 0))
         raise ConfigError(problems)
@@ -241,7 +244,8 @@ def _validate(source: _Source) -> tuple[ExperimentConfig | None, set[Key] | None
 
 
 def _run_checks(
-    source: _Source, config: ExperimentConfig | None, failed: set[Key] | None
+    source: _Source, config: ExperimentConfig | None, failed: set[Key] | None,
+    checks: Sequence[tuple[frozenset[str], Check]],
 ) -> list[Problem]:
     """Run each check whose sections all validated (on a config with the failed sections
     left at their defaults, so that their problems are still reported alongside)."""
@@ -254,7 +258,7 @@ def _run_checks(
         except ValidationError:
             return []
     return [source.problem(keys, message)
-            for sections, check in CHECKS if not sections & failed
+            for sections, check in checks if not sections & failed
             for keys, message in check(config)]
 
 

@@ -1,16 +1,31 @@
-"""Task -> Workflow -> Experiences: sample a group of responses per task and score them."""
+"""Task -> Workflow -> Experiences: sample a group of responses per task and score them.
+
+A reward that raises or overruns its time limit scores its rollout 0: the record says why
+(`info["reward_failure"]`), the step's metrics count it (`reward_errors`,
+`reward_timeouts`), the log names the task, and the explorer goes on; `RewardFailures`
+stops it once too large a share of its reward calls failed.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import logging
+import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
 from rft_hpc.buffer.records import Experience
+from rft_hpc.core.errors import UserError
 from rft_hpc.engines.hf import Completion, HFEngine
-from rft_hpc.tasks.rewards import resolve_reward
+from rft_hpc.tasks.reward_pool import RewardCall, RewardOutcome, score_inline
 from rft_hpc.tasks.task import Task
+
+log = logging.getLogger(__name__)
+
+Scorer = Callable[[Sequence[RewardCall]], list[RewardOutcome]]
+"""Scores rollouts with their tasks' rewards: `RewardPool.score` (worker processes, a time
+limit per call) or `score_inline` (this thread)."""
 
 
 @dataclass(frozen=True)
@@ -39,9 +54,11 @@ def completion_to_experience(task: Task, prompt: Sequence[int], completion: Comp
 
 
 def explore_tasks(engine: HFEngine, tasks: Sequence[Task], settings: SamplingSettings, *,
-                  first_group_id: int, step: int, seed: int) -> tuple[list[Experience],
-                                                                       dict[str, float]]:
-    """Generate `repeat` rollouts per task, score them, and return them with step metrics.
+                  first_group_id: int, step: int, seed: int,
+                  score: Scorer = score_inline) -> tuple[list[Experience], dict[str, float]]:
+    """Generate `repeat` rollouts per task, score them with `score`, and return them with
+    step metrics (`reward_errors`, `reward_timeouts`: failed reward calls, each scored 0
+    and logged with its task id).
 
     Group ids are `first_group_id + task index`, unique across explorers and steps when the
     caller passes the task's position in the task stream.
@@ -49,18 +66,57 @@ def explore_tasks(engine: HFEngine, tasks: Sequence[Task], settings: SamplingSet
     prompts = [engine.prompt_ids(t) for t in tasks]
     groups = engine.generate(prompts, n=settings.repeat, max_new_tokens=settings.max_new_tokens,
                              temperature=settings.temperature, seed=seed)
+    calls = [(task, c.text) for task, completions in zip(tasks, groups, strict=True)
+             for c in completions]
+    t0 = time.monotonic()
+    outcomes = iter(score(calls))
+    seconds = time.monotonic() - t0
     experiences: list[Experience] = []
+    errors = timeouts = 0
     for j, (task, prompt, completions) in enumerate(zip(tasks, prompts, groups, strict=True)):
-        score = resolve_reward(task.reward)
-        for completion in completions:
-            experiences.append(completion_to_experience(
-                task, prompt, completion, reward=float(score(task, completion.text)),
-                group_id=first_group_id + j, version=engine.version, step=step))
+        for k, completion in enumerate(completions):
+            outcome = next(outcomes)
+            experience = completion_to_experience(
+                task, prompt, completion, reward=outcome.score, group_id=first_group_id + j,
+                version=engine.version, step=step)
+            if outcome.failed:
+                why = outcome.error if outcome.timed_out else f"raised {outcome.error}"
+                log.warning("reward %s on task %s (rollout %d): %s; scored 0", task.reward,
+                            task.task_id, k, why)
+                experience.info["reward_failure"] = why
+                errors += not outcome.timed_out
+                timeouts += outcome.timed_out
+            experiences.append(experience)
     rewards = np.array([e.reward for e in experiences], dtype=np.float64)
     group_std = rewards.reshape(len(tasks), settings.repeat).std(axis=1)
     lengths = [len(e.tokens) - e.prompt_length for e in experiences]
     metrics = {"reward_mean": float(rewards.mean()), "reward_std": float(rewards.std()),
                "groups_all_equal": float(np.mean(group_std == 0)),
                "response_length": float(np.mean(lengths)),
-               "finished": float(np.mean([e.info["finished"] for e in experiences]))}
+               "finished": float(np.mean([e.info["finished"] for e in experiences])),
+               "reward_errors": float(errors), "reward_timeouts": float(timeouts),
+               "reward_seconds": seconds}
     return experiences, metrics
+
+
+@dataclass
+class RewardFailures:
+    """The reward calls of one explorer process that failed (raised, died or timed out),
+    against `limit`: the share of its calls that may fail (`explorer.reward_failure_limit`)."""
+
+    limit: float
+    calls: int = 0
+    failed: int = 0
+
+    def add(self, calls: int, metrics: dict[str, float]) -> None:
+        """Count a step's `calls` reward calls and its failures (from its metrics); raise
+        `UserError` once more than `limit` of all calls so far failed."""
+        self.calls += calls
+        self.failed += int(metrics.get("reward_errors", 0) + metrics.get("reward_timeouts", 0))
+        if self.failed > self.limit * self.calls:
+            raise UserError(
+                f"{self.failed} of {self.calls} reward calls failed (raised or timed out), "
+                f"more than explorer.reward_failure_limit {self.limit:g} of them: the reward "
+                "is broken, or explorer.reward_timeout is too short for it; the warnings "
+                "above name the tasks and the errors")
+

@@ -43,6 +43,7 @@ from rft_hpc.run.stages import (
     stage_result,
     start_weights,
 )
+from rft_hpc.tasks.preflight import PREFLIGHT_CHECKS
 
 JOBS_FILE = "jobs.json"  # in state/ (RunDir.jobs_record)
 """`<run>/state/jobs.json`: every submission of the run, with its jobs' Slurm ids."""
@@ -117,7 +118,7 @@ def render_run(config_path: Path, out: Path, overrides: Sequence[str] | None = N
 def _load(config_path: Path, overrides: Sequence[str] | None, name: str | None,
           ) -> tuple[ExperimentConfig, RunDir, int | None]:
     extra = [f"run.name={name}"] if name is not None else []
-    config = load_config(config_path, [*(overrides or []), *extra])
+    config = load_config(config_path, [*(overrides or []), *extra], checks=PREFLIGHT_CHECKS)
     check_runnable(config)
     run = RunDir(run_root(config))
     if run.config.exists():  # a finished run must not hide that this config is another one

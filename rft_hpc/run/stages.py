@@ -25,8 +25,9 @@ from rft_hpc.core.rundir import RunDir, atomic_write_json, atomic_write_text, re
 from rft_hpc.eval.bench import RESULTS_FILE
 from rft_hpc.monitor.metrics import read_metrics
 from rft_hpc.runtime.common import freeze_config
-from rft_hpc.tasks.prompts import model_stop_ids
 from rft_hpc.tasks.data_check import check_task_sources
+from rft_hpc.tasks.preflight import PREFLIGHT_CHECKS
+from rft_hpc.tasks.prompts import model_stop_ids
 from rft_hpc.tasks.source import build_tasks
 
 StageSeconds = Callable[[RunDir], float]
@@ -35,7 +36,7 @@ StageSeconds = Callable[[RunDir], float]
 
 def open_run(config_path: Path, overrides: Sequence[str] = ()) -> tuple[ExperimentConfig, RunDir]:
     """Load and check a config, then `create_run` it."""
-    config = load_config(config_path, overrides)
+    config = load_config(config_path, overrides, checks=PREFLIGHT_CHECKS)
     check_runnable(config)
     return create_run(config)
 
