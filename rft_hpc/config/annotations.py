@@ -6,7 +6,7 @@ import types
 from collections.abc import Iterator
 from functools import reduce
 from operator import or_
-from typing import Any, Union, get_args, get_origin
+from typing import Annotated, Any, Union, get_args, get_origin
 
 from pydantic import BaseModel
 
@@ -21,11 +21,18 @@ def is_union(annotation: Any) -> bool:
     return get_origin(annotation) in (Union, types.UnionType)
 
 
+def unannotated(annotation: Any) -> Any:
+    """The type inside `Annotated[type, ...]` (a validated type such as a config path or a
+    reward), else `annotation` itself."""
+    return get_args(annotation)[0] if get_origin(annotation) is Annotated else annotation
+
+
 def without_none(annotation: Any) -> Any:
-    """`annotation` with `None` taken out of a union (`int | None` -> `int`)."""
+    """`annotation` with `None` taken out of a union (`int | None` -> `int`), and out of
+    `Annotated` (`Annotated[Path, ...] | None` -> `Path`)."""
     if not is_union(annotation):
-        return annotation
-    rest = [a for a in get_args(annotation) if a is not type(None)]
+        return unannotated(annotation)
+    rest = [unannotated(a) for a in get_args(annotation) if a is not type(None)]
     return reduce(or_, rest) if rest else None
 
 
@@ -38,6 +45,7 @@ def tags(member: Any, discriminator: str) -> tuple[Any, ...]:
 
 def models_in(annotation: Any) -> Iterator[type[BaseModel]]:
     """The model classes `annotation` allows: itself, or the models among a union's members."""
+    annotation = unannotated(annotation)
     if is_model(annotation):
         yield annotation
     elif is_union(annotation):
