@@ -9,6 +9,7 @@ import os
 import signal
 from pathlib import Path
 
+import pytest
 from helpers.paths import DEMO
 from helpers.slurm_cluster import slurm
 from helpers.slurm_runs import (
@@ -30,6 +31,14 @@ def job_id(env: dict[str, str], run: Path, name: str) -> str:
     return next(j["id"] for j in status(env, run)["jobs"] if j["name"] == name)
 
 
+def submissions(run: Path) -> int:
+    """How many times the run was submitted, as state/jobs.json records it (0 before)."""
+    try:
+        return len(json.loads((run / "state" / "jobs.json").read_text())["submissions"])
+    except (OSError, ValueError, KeyError):
+        return 0
+
+
 def audit(env: dict[str, str], run: Path) -> dict:
     result = rft(env, "audit", run, "--json")
     report = json.loads(result.stdout) if result.stdout.strip() else {}
@@ -39,10 +48,14 @@ def audit(env: dict[str, str], run: Path) -> dict:
     return stage
 
 
+@pytest.mark.timeout(900)  # ~120 s here, 170 s loaded
 def test_trainer_signals_killed_explorers_and_a_requeued_array_lose_nothing(
         slurm_env: dict[str, str], tmp_path: Path, tiny_model: Path) -> None:
-    run = submit(slurm_env, tmp_path, tiny_model, unique("chaos"))
+    # 24 steps: the events below need ~16 (the trainer's 3 lives end at steps 2, 5 and 8;
+    # each explorer outage holds it back), the rest is margin
+    run = submit(slurm_env, tmp_path, tiny_model, unique("chaos"), "--set", "trainer.steps=24")
     trainer = job_id(slurm_env, run, "main.trainer")
+    explorers = job_id(slurm_env, run, "main.explorer")
     # (a) Slurm's warning signal to the trainer, 3 times: it saves and requeues itself
     for n in range(3):
         wait_until(running_at(run, "trainer", 3 * n + 2, restarts=n), what=f"trainer life {n}")
@@ -55,13 +68,11 @@ def test_trainer_signals_killed_explorers_and_a_requeued_array_lose_nothing(
     # (c) the whole explorer array requeued by the operator, both tasks running
     wait_until(running_at(run, "explorer-0", 1, restarts=2), what="explorer 0 back")
     wait_until(running_at(run, "explorer-1", 1), what="explorer 1")
-    slurm(["scontrol", "requeue", job_id(slurm_env, run, "main.explorer")], slurm_env)
-    seen = []
-    wait_until(lambda: seen.append(status(slurm_env, run)) or seen[-1]["state"] != "running"
-               or any(r["role"] == "explorer-1" and r["restarts"] >= 1
-                      for r in seen[-1]["roles"]), what="explorer 1 requeued")
+    slurm(["scontrol", "requeue", explorers], slurm_env)
+    wait_until(lambda: heartbeat(run, "explorer-1").get("restarts", 0) >= 1
+               or not jobs_in_queue(slurm_env, run.name), what="explorer 1 requeued")
 
-    finished(slurm_env, run)
+    finished(slurm_env, run, steps=24)
     stage = audit(slurm_env, run)
     assert stage["trainer"]["restarts"] == 3
     assert stage["trainer"]["causes"] == ["requeue"] * 3
@@ -72,6 +83,7 @@ def test_trainer_signals_killed_explorers_and_a_requeued_array_lose_nothing(
     assert beats["trainer"]["restarts"] == 3 and beats["explorer-0"]["restarts"] >= 3
 
 
+@pytest.mark.timeout(1500)  # its own wait for the run is 1200 s
 def test_a_one_minute_time_limit_finishes_through_requeues(
         slurm_env: dict[str, str], tmp_path: Path, tiny_model: Path) -> None:
     # Jobs of 1 minute for ~3 minutes of work (~3.5 minutes of steps on a quiet 2-core
@@ -94,8 +106,8 @@ def test_a_one_minute_time_limit_finishes_through_requeues(
 def test_a_cancelled_job_is_brought_back_by_resume(
         slurm_env: dict[str, str], tmp_path: Path, tiny_model: Path) -> None:
     run = submit(slurm_env, tmp_path, tiny_model, unique("resume"), "--set", "trainer.steps=16")
+    trainer = job_id(slurm_env, run, "main.trainer")  # before: a status takes a second or two
     wait_until(running_at(run, "trainer", 3), what="trainer at step 3")
-    trainer = job_id(slurm_env, run, "main.trainer")
     slurm(["scancel", trainer], slurm_env)
     wait_until(lambda: heartbeat(run, "trainer").get("status") == "stopped"
                and f"{run.name}.main.trainer" not in jobs_in_queue(slurm_env, run.name),
@@ -123,11 +135,15 @@ def test_auto_resume_brings_back_a_cancelled_trainer_without_a_person(
     assert result.returncode == 0 and "afternotok" in result.stdout, result.stderr
     run = tmp_path / name
     remember(slurm_env, run)
+    trainer = job_id(slurm_env, run, "main.trainer")  # before: a status takes a second or two
     wait_until(running_at(run, "trainer", 3), what="trainer at step 3")
-    slurm(["scancel", job_id(slurm_env, run, "main.trainer")], slurm_env)
-    wait_until(lambda: status(slurm_env, run)["submissions"] == 2, timeout=120,
+    slurm(["scancel", trainer], slurm_env)
+    # state/jobs.json lists the submissions that `status` counts: read here, not through a
+    # status process every 0.2 s (the CPU the run's roles need)
+    wait_until(lambda: submissions(run) == 2, timeout=120,
                what="the watcher's resubmission")
     finished(slurm_env, run, steps=16)
+    assert status(slurm_env, run)["submissions"] == 2
     stage = audit(slurm_env, run)
     assert stage["trainer"]["restarts"] == 1
     watch_log = (run / "jobs" / "watch.log").read_text()
@@ -137,9 +153,10 @@ def test_auto_resume_brings_back_a_cancelled_trainer_without_a_person(
 def test_explorers_whose_trainer_is_gone_stop_instead_of_requeueing(
         slurm_env: dict[str, str], tmp_path: Path, tiny_model: Path) -> None:
     run = submit(slurm_env, tmp_path, tiny_model, unique("orphan"), "--set", "trainer.steps=16")
+    trainer = job_id(slurm_env, run, "main.trainer")  # before: a status takes a second or two
     for role in ("trainer", "explorer-0", "explorer-1"):
         wait_until(running_at(run, role, 1), what=f"{role} at step 1")
-    slurm(["scancel", job_id(slurm_env, run, "main.trainer")], slurm_env)
+    slurm(["scancel", trainer], slurm_env)
     wait_until(lambda: f"{run.name}.main.trainer" not in jobs_in_queue(slurm_env, run.name),
                what="the trainer cancelled")
     # the warning of the explorers' time limit: they save and would requeue themselves

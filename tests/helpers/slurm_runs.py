@@ -42,9 +42,14 @@ def status(env: dict[str, str], run: Path) -> dict:
     return json.loads(result.stdout)
 
 
-def wait_for_run(env: dict[str, str], run: Path, timeout: float = 300,
+def wait_for_run(env: dict[str, str], run: Path, timeout: float = 300, every: float = 10,
                  ) -> tuple[dict, list[dict]]:
-    """Poll `status --json` until the run is no longer running; (last, every answer)."""
+    """Poll `status --json` until the run is no longer running; (last, every answer).
+
+    A status is a CLI process (about a second of CPU) and the run's roles need the cores:
+    between two, squeue (cheap) is asked every 0.5 s whether a job of the run is still
+    queued; the next status comes once none is, or after `every` seconds.
+    """
     deadline = time.monotonic() + timeout
     seen = [status(env, run)]
     while seen[-1]["state"] in ("running", "resuming"):
@@ -52,6 +57,9 @@ def wait_for_run(env: dict[str, str], run: Path, timeout: float = 300,
             logs = rft(env, "logs", run).stdout[-3000:]
             raise AssertionError(f"still running after {timeout} s: {seen[-1]}\n{logs}")
         time.sleep(1)
+        next_status = min(time.monotonic() + every, deadline)
+        while time.monotonic() < next_status and jobs_in_queue(env, run.name):
+            time.sleep(0.5)
         seen.append(status(env, run))
     return seen[-1], seen
 

@@ -71,6 +71,7 @@ def count_syscalls(log: Path, cases: int) -> list[int]:
     return [e - b - 1 for b, e in zip(begins, ends, strict=True)]
 
 
+@pytest.mark.timeout(600)  # 10,000 segments: 60-200 s loaded
 def test_poll_cost_independent_of_consumed_segments(tmp_path: Path, mp: BaseContext) -> None:
     t0 = time.monotonic()
     big = ensure_buffer_dir(tmp_path / "big")

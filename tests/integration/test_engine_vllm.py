@@ -138,6 +138,7 @@ def test_same_seed_same_samples_and_equal_prompts_differ(engine, policy):
             assert c.finished == (c.tokens[-1] == engine.eos_id)
 
 
+@pytest.mark.timeout(600)  # two vLLM explorers start: ~120 s loaded
 @pytest.mark.slow
 def test_a_demo_run_with_the_vllm_engine(tmp_path, tiny_model):
     result = rft("run", DEMO, *short(tmp_path, tiny_model, "--set", "explorer.engine=vllm",

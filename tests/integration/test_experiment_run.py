@@ -15,6 +15,7 @@ from helpers.runs import EVALUATOR, rft, rollouts, scores_match_trainer, short
 from rft_hpc.monitor.metrics import read_metrics
 
 
+@pytest.mark.timeout(600)  # three runs, an evaluator: ~160 s loaded
 def test_a_short_on_policy_run_writes_summary_metrics_and_report(tmp_path, tiny_model):
     result = rft("run", DEMO, *short(tmp_path, tiny_model, "--set", "sync.offset=0",
                                      *EVALUATOR), timeout=600)
@@ -84,8 +85,10 @@ def _wait_for(predicate, timeout):
     return False
 
 
+@pytest.mark.timeout(600)  # two stages, run twice
 def test_interrupt_stops_every_role_and_the_same_command_resumes(tmp_path, tiny_model):
-    args = ["run", DEMO, *short(tmp_path, tiny_model, "--set", "trainer.steps=40",
+    # 16 GRPO steps: the interrupt comes at step 5, the resumed run trains the rest
+    args = ["run", DEMO, *short(tmp_path, tiny_model, "--set", "trainer.steps=16",
                                 "--set", "trainer.save_interval=100")]
     proc = subprocess.Popen([sys.executable, "-m", "rft_hpc.cli", *map(str, args)], cwd=ROOT,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -104,7 +107,7 @@ def test_interrupt_stops_every_role_and_the_same_command_resumes(tmp_path, tiny_
     assert proc.returncode != 0 and "run the same command again to resume" in err
     assert "Traceback" not in err
     stopped = json.loads(heartbeat.read_text())
-    assert stopped["status"] == "stopped" and 5 <= stopped["step"] < 40
+    assert stopped["status"] == "stopped" and 5 <= stopped["step"] < 16
     for state in (grpo / "state").glob("*.json"):
         pid = json.loads(state.read_text()).get("pid")
         if pid:
@@ -113,12 +116,12 @@ def test_interrupt_stops_every_role_and_the_same_command_resumes(tmp_path, tiny_
     resumed = rft(*args, timeout=600)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     trained = [r["step"] for r in read_metrics(grpo / "metrics" / "trainer.jsonl") if "loss" in r]
-    assert trained == list(range(1, 41)), "a trainer step was lost or done twice"
+    assert trained == list(range(1, 17)), "a trainer step was lost or done twice"
     for i in range(2):
         steps = [r["step"] for r in read_metrics(grpo / "metrics" / f"explorer-{i}.jsonl")]
-        assert sorted(set(steps)) == list(range(40))
+        assert sorted(set(steps)) == list(range(16))
     summary = json.loads((tmp_path / "demo" / "summary.json").read_text())
-    assert summary["trainer"]["steps"] == 8 + 40
+    assert summary["trainer"]["steps"] == 8 + 16
 
 
 def _zombie(pid):
@@ -128,6 +131,7 @@ def _zombie(pid):
         return True
 
 
+@pytest.mark.timeout(1200)  # the whole README demo: 70-230 s here
 @pytest.mark.slow
 def test_the_demo_raises_held_out_accuracy_by_25_points(tmp_path):
     """The README's demo as it is, run in a temporary folder: GRPO must really learn."""
