@@ -16,6 +16,7 @@ from pydantic import BaseModel, Field, field_validator, model_validator
 from rft_hpc.config.algorithm import AlgorithmConfig
 from rft_hpc.config.buffer import BufferConfig
 from rft_hpc.config.launch import LaunchConfig
+from rft_hpc.config.paths import ConfigPath
 from rft_hpc.config.pipeline import PipelineConfig
 from rft_hpc.config.prompt import PromptConfig
 from rft_hpc.config.sync import SyncConfig
@@ -41,7 +42,7 @@ class RunConfig(ConfigSection):
     name: str = "demo"
     """Name of the run: its folder under `root` (letters, digits, '.', '_' and '-')."""
 
-    root: Path = Path("runs")
+    root: ConfigPath = Path("runs")
     """Folder that holds the run directories; a relative path is taken from the current
     directory."""
 
@@ -63,18 +64,23 @@ class RunConfig(ConfigSection):
 class ModelConfig(ConfigSection):
     """The policy model that the explorers sample from and the trainer updates."""
 
-    path: Path | None = None
+    path: ConfigPath | None = None
     """Local Hugging Face model folder (config.json, tokenizer, safetensors); relative to the
     current directory. Must exist when set."""
 
-    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
-    """Parameter dtype for inference and training (float32 on CPUs, bfloat16 on GPUs)."""
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "float32"
+    """Parameter dtype for inference and training; `auto`: bfloat16 where the weights go to
+    a GPU (a trainer on a CUDA machine, vLLM on a GPU), else float32."""
 
-    init: Literal["tiny"] | None = None
-    """Build this model at `path` when the folder does not exist yet (`tiny`: the ~1M
-    parameter Llama of `rft-hpc model init tiny`, for demos and tests)."""
+    init: Literal["tiny", "tiny-llama-chat", "tiny-qwen2", "tiny-qwen3", "tiny-mistral"] \
+        | None = None
+    """Build this model at `path` when the folder does not exist yet, for demos and tests:
+    `tiny` is the ~1M parameter Llama of `rft-hpc model init tiny` (character tokenizer, no
+    chat template); the others are tiny chat models of that family (`model init tiny --arch
+    qwen2|qwen3|mistral`, or `--chat` for llama: a byte-level tokenizer with the family's
+    special tokens and chat template)."""
 
-    start_weights: Path | None = None
+    start_weights: ConfigPath | None = None
     """A published weights folder (weights/v<N>) loaded over the model folder's own weights;
     set by multi-stage runs to start a stage where the previous one ended."""
 
@@ -118,6 +124,21 @@ class ExplorerConfig(ConfigSection):
 
     over_rollout: OverRolloutConfig = Field(default_factory=OverRolloutConfig)
     """Closing a step once most of its tasks are done (multi-turn workflows only)."""
+
+    reward_timeout: float = Field(10.0, gt=0.0)
+    """Seconds one reward call may take (single-turn workflow). Rewards run in worker
+    processes; one that overruns is killed (a hung thread could not be) and its rollout
+    scores 0, counted as `reward_timeouts` in the metrics (docs/rewards.md)."""
+
+    reward_workers: int = Field(1, ge=1)
+    """Reward worker processes of each explorer, scoring a step's rollouts in parallel
+    (more help only a slow reward, on spare CPU cores)."""
+
+    reward_failure_limit: float = Field(0.2, ge=0.0, le=1.0)
+    """Share of an explorer's reward calls that may fail (raise, die or time out; each
+    scores 0 and is logged with its task id) before the explorer stops the run with one
+    message; counted over all its steps since it started, checked after every step. 1.0
+    never stops."""
 
     @model_validator(mode="after")
     def _over_rollout_needs_tasks_in_flight(self) -> ExplorerConfig:
@@ -170,7 +191,8 @@ class TrainerConfig(TrainerBackendFields, ConfigSection):
 
 
 class EvalConfig(ConfigSection):
-    """Held-out evaluation: greedy exact-match accuracy on the task source's eval split."""
+    """Held-out evaluation on the task source's eval split, scored by each task's own reward:
+    greedy accuracy and reward, and with `k` mean@k and pass@k (docs/prompts.md)."""
 
     interval: int = Field(0, ge=0)
     """Trainer steps between evaluations; 0 evaluates only at the start and the end."""
@@ -180,6 +202,11 @@ class EvalConfig(ConfigSection):
 
     batch_size: int = Field(512, ge=1)
     """Evaluation prompts generated together."""
+
+    k: int = Field(0, ge=0)
+    """Samples per task, at `explorer.temperature`, for `eval_mean@k` (mean reward) and
+    `eval_pass@k` (unbiased pass@k; correct: reward >= 1) besides the greedy answer's
+    `eval_accuracy` and `eval_reward`; 0 scores the greedy answer only."""
 
     evaluator: bool = False
     """Also score the stage's weights with the evaluator role once its trainer has finished:
@@ -205,7 +232,7 @@ class DataConfig(ConfigSection):
     """`tasks`: SFT samples (prompt -> answer) from the task source's training split;
     `jsonl`: the file at `path`, as `rft-hpc buffer import` reads it."""
 
-    path: Path | None = None
+    path: ConfigPath | None = None
     """JSONL file (with source=jsonl)."""
 
     kind: Literal["sft", "dpo", "rl"] = "sft"

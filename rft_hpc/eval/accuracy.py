@@ -1,24 +1,28 @@
-"""Greedy exact-match accuracy of a policy on a list of tasks."""
+"""Held-out scores of a policy during training: `score_tasks` with the eval settings."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
-from rft_hpc.engines.hf import HFEngine
-from rft_hpc.tasks.rewards import exact_match
+from rft_hpc.config.schema import EvalConfig
+from rft_hpc.eval.bench_score import score_tasks
 from rft_hpc.tasks.task import Task
 
 
-def exact_match_accuracy(engine: HFEngine, tasks: Sequence[Task], *, max_new_tokens: int,
-                         batch_size: int = 512) -> float:
-    """Fraction of `tasks` whose greedy answer equals the reference answer exactly."""
+def heldout_scores(engine: Any, tasks: Sequence[Task], settings: EvalConfig, *,
+                   temperature: float, seed: int) -> dict[str, float]:
+    """`eval_accuracy` (greedy answers whose task reward is at least 1), `eval_reward`
+    (their mean reward) and, with `settings.k` samples per task at `temperature`,
+    `eval_mean@k` and `eval_pass@k`; `eval_reward_errors` counts reward calls that raised.
+    Every value is NaN for no tasks."""
+    keys = ["accuracy", "reward", "reward_errors"]
+    keys += [f"mean@{settings.k}", f"pass@{settings.k}"] if settings.k else []
     if not tasks:
-        return float("nan")
-    correct = 0
-    for i in range(0, len(tasks), batch_size):
-        chunk = tasks[i:i + batch_size]
-        outs = engine.generate([engine.encode(t.prompt) for t in chunk], n=1,
-                               max_new_tokens=max_new_tokens, temperature=0.0, seed=0)
-        correct += sum(exact_match(t, o[0].text) == 1.0 for t, o in zip(chunk, outs,
-                                                                       strict=True))
-    return correct / len(tasks)
+        return {f"eval_{key}": float("nan") for key in keys}
+    scores = score_tasks(engine, tasks, k=settings.k, n=settings.k,
+                         temperature=temperature or 1.0,
+                         max_new_tokens=settings.max_new_tokens,
+                         batch_size=settings.batch_size, seed=seed)
+    scores.update(accuracy=scores["greedy_accuracy"], reward=scores["greedy_reward"])
+    return {f"eval_{key}": float(scores[key]) for key in keys}

@@ -175,6 +175,9 @@ def plan_bench(target: Path, specs: list[str], out: Path, *, k: int, n: int | No
             "max_new_tokens": config.eval.max_new_tokens,
             "batch_size": config.eval.batch_size, "seed": config.run.seed,
             "dtype": config.model.dtype, "threads": config.trainer.threads,
+            "engine": config.explorer.engine,
+            "vllm": config.explorer.vllm.model_dump(mode="json"),
+            "prompt": config.prompt.model_dump(mode="json"),
             "overrides": overrides}
     folder = out.resolve() / "bench"
     if (folder / PLAN_FILE).exists():
@@ -184,7 +187,7 @@ def plan_bench(target: Path, specs: list[str], out: Path, *, k: int, n: int | No
     return plan
 
 
-_SETTINGS = ("k", "n", "temperature", "max_new_tokens", "seed", "dtype")
+_SETTINGS = ("k", "n", "temperature", "max_new_tokens", "seed", "dtype", "prompt")
 
 
 def _check_same_settings(old: dict[str, Any], new: dict[str, Any], folder: Path) -> None:
@@ -231,11 +234,16 @@ def run_bench_task(folder: Path, index: int) -> dict[str, Any]:
     at_step(index + 1)
     set_threads(plan["threads"])
     t0 = time.monotonic()
-    engine = load_checkpoint(Checkpoint(**checkpoint), plan["dtype"])
     tasks = load_taskset(taskset, plan["seed"])
-    scores = score_tasks(engine, tasks, k=plan["k"], n=plan["n"],
-                         temperature=plan["temperature"], max_new_tokens=plan["max_new_tokens"],
-                         batch_size=plan["batch_size"], seed=plan["seed"])
+    engine = load_checkpoint(Checkpoint(**checkpoint), plan)
+    try:
+        scores = score_tasks(engine, tasks, k=plan["k"], n=plan["n"],
+                             temperature=plan["temperature"],
+                             max_new_tokens=plan["max_new_tokens"],
+                             batch_size=plan["batch_size"], seed=plan["seed"])
+    finally:
+        if hasattr(engine, "close"):
+            engine.close()
     result = {"format_version": BENCH_FORMAT_VERSION, "checkpoint": checkpoint["name"],
               "path": checkpoint["path"], "taskset": taskset["name"], **scores,
               "seconds": round(time.monotonic() - t0, 3)}
@@ -253,16 +261,29 @@ def bench_line(result: dict[str, Any], step: int, total: int) -> str:
                      taskset=result["taskset"])
 
 
-def load_checkpoint(checkpoint: Checkpoint, dtype: str) -> Any:
-    """An HF engine holding the checkpoint's weights (on the GPU, if there is one)."""
+def load_checkpoint(checkpoint: Checkpoint, plan: dict[str, Any]) -> Any:
+    """An engine holding the checkpoint's weights, in the plan's prompt format: vLLM when
+    the plan's `engine` is (the run's explorers used it), else transformers (on the GPU, if
+    there is one)."""
     import torch
 
-    from rft_hpc.engines.hf import HFEngine
+    from rft_hpc.config.prompt import PromptConfig
     from rft_hpc.sync.checkpoint import load_weights
     from rft_hpc.sync.storage import load_safetensors
 
-    engine = HFEngine(checkpoint.model, dtype=dtype,
-                      device="cuda" if torch.cuda.is_available() else "cpu")
+    prompt = PromptConfig(**plan.get("prompt", {}))
+    if plan.get("engine") == "vllm":
+        from rft_hpc.config.schema import VLLMConfig
+        from rft_hpc.engines.vllm import VLLMEngine
+
+        engine: Any = VLLMEngine(checkpoint.model, dtype=plan["dtype"],
+                                 settings=VLLMConfig(**plan.get("vllm", {})),
+                                 seed=plan["seed"], prompt=prompt)
+    else:
+        from rft_hpc.engines.hf import HFEngine
+
+        engine = HFEngine(checkpoint.model, dtype=plan["dtype"], prompt=prompt,
+                          device="cuda" if torch.cuda.is_available() else "cpu")
     path = Path(checkpoint.path)
     if checkpoint.kind == "weights":
         engine.load_weights(load_weights(path.parent, int(path.name[1:])), 0)

@@ -1,4 +1,5 @@
-"""Scores of one policy on one task set: greedy accuracy, mean@k and pass@k.
+"""Scores of one policy on one task set, by each task's own reward: greedy accuracy and
+reward, mean@k and pass@k.
 
 A sample is correct when its reward is at least 1 (the full reward of the exact-match
 rewards; `exact_match_with_format` gives 0.1 to a wrong bare number, which is not correct).
@@ -12,7 +13,7 @@ from collections.abc import Sequence
 from math import comb
 from typing import Any
 
-from rft_hpc.tasks.rewards import resolve_reward
+from rft_hpc.tasks.rewards import call_reward
 from rft_hpc.tasks.task import Task
 
 CORRECT = 1.0
@@ -31,40 +32,57 @@ def pass_at_k(n: int, c: int, k: int) -> float:
 
 def summarize(greedy: Sequence[float], samples: Sequence[Sequence[float]], k: int,
               ) -> dict[str, Any]:
-    """Metrics from the greedy reward of each task and the rewards of its n samples."""
-    if not samples:
+    """Metrics from the greedy reward of each task and the rewards of its n samples (no
+    samples, k 0: the greedy metrics only)."""
+    if not greedy:
         raise ValueError("no tasks to score")
+    out: dict[str, Any] = {
+        "tasks": len(greedy), "k": k, "n": len(samples[0]) if samples else 0,
+        "greedy_accuracy": sum(r >= CORRECT for r in greedy) / len(greedy),
+        "greedy_reward": sum(greedy) / len(greedy)}
+    if not k:
+        return out
     n = len(samples[0])
     correct = [sum(r >= CORRECT for r in rewards) for rewards in samples]
-    mean = sum(sum(r) / n for r in samples) / len(samples)
-    return {
-        "tasks": len(samples), "k": k, "n": n,
-        "greedy_accuracy": sum(r >= CORRECT for r in greedy) / len(greedy),
-        "greedy_reward": sum(greedy) / len(greedy),
-        f"mean@{k}": mean,
+    out.update({
+        f"mean@{k}": sum(sum(r) / n for r in samples) / len(samples),
         "pass@1": sum(pass_at_k(n, c, 1) for c in correct) / len(correct),
-        f"pass@{k}": sum(pass_at_k(n, c, k) for c in correct) / len(correct),
-    }
+        f"pass@{k}": sum(pass_at_k(n, c, k) for c in correct) / len(correct)})
+    return out
 
 
 def score_tasks(engine: Any, tasks: Sequence[Task], *, k: int, n: int, temperature: float,
-                max_new_tokens: int, batch_size: int, seed: int) -> dict[str, Any]:
-    """Greedy answers and `n` samples at `temperature` of every task, scored by each task's
-    reward function; `summarize`d."""
+                max_new_tokens: int, batch_size: int, seed: int,
+                answers: list[str] | None = None) -> dict[str, Any]:
+    """Greedy answers and `n` samples at `temperature` of every task (k = n = 0: greedy
+    only), prompts in the engine's prompt format, scored by each task's own reward
+    (`reward_errors`: calls that raised, scored 0); `summarize`d. The greedy answers are
+    appended to `answers` when given."""
     if n < k:
         raise ValueError(f"pass@{k} needs at least {k} samples per task, not {n}")
     greedy: list[float] = []
     samples: list[list[float]] = []
-    per_batch = max(1, batch_size // n)
+    errors = [0]
+
+    def score(task: Task, text: str) -> float:
+        try:
+            return call_reward(task, text)
+        except Exception:  # a user's reward that fails on one answer: that answer scores 0
+            errors[0] += 1
+            return 0.0
+
+    per_batch = max(1, batch_size // max(n, 1))
     for i in range(0, len(tasks), per_batch):
         chunk = tasks[i:i + per_batch]
-        prompts = [engine.encode(t.prompt) for t in chunk]
+        prompts = [engine.prompt_ids(t) for t in chunk]
         best = engine.generate(prompts, n=1, max_new_tokens=max_new_tokens, temperature=0.0,
                                seed=seed)
         drawn = engine.generate(prompts, n=n, max_new_tokens=max_new_tokens,
-                                temperature=temperature, seed=seed + i)
+                                temperature=temperature, seed=seed + i) if n else best
         for task, one, group in zip(chunk, best, drawn, strict=True):
-            reward = resolve_reward(task.reward)
-            greedy.append(float(reward(task, one[0].text)))
-            samples.append([float(reward(task, c.text)) for c in group])
-    return summarize(greedy, samples, k)
+            greedy.append(score(task, one[0].text))
+            if answers is not None:
+                answers.append(one[0].text)
+            if n:
+                samples.append([score(task, c.text) for c in group])
+    return {**summarize(greedy, samples, k), "reward_errors": errors[0]}

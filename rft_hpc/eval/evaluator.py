@@ -1,4 +1,5 @@
-"""The evaluator role: score one weights version of a finished stage on its eval task set.
+"""The evaluator role: score one weights version of a finished stage on its eval task set,
+by each task's own reward, on the explorers' engine (vLLM where they use it).
 
 Evaluator task `i` of a stage scores version `eval.scored_versions(trainer.steps)[i]`
 (version 0: the stage's starting weights) and writes `eval/v<NNNNNN>.json`. The result file
@@ -15,8 +16,8 @@ from typing import Any
 
 from rft_hpc.core.errors import UserError
 from rft_hpc.core.rundir import RunDir, atomic_write_json, read_json
-from rft_hpc.engines.hf import HFEngine
-from rft_hpc.eval.accuracy import exact_match_accuracy
+from rft_hpc.engines import build_engine
+from rft_hpc.eval.accuracy import heldout_scores
 from rft_hpc.eval.results import EVAL_RESULT_VERSION, result_path
 from rft_hpc.runtime.common import load_stage, set_threads, write_heartbeat
 from rft_hpc.runtime.logs import at_step, setup_logging, step_line
@@ -50,16 +51,20 @@ def run_evaluator(stage_dir: Path, index: int) -> dict[str, Any]:
                     started=started, start_step=0)
     at_step(1)
     t0 = time.monotonic()
-    engine = HFEngine(config.model.path, dtype=config.model.dtype)
+    engine = build_engine(config)  # the explorers' engine: vLLM where they use it
     if version == 0:
         load_start_weights(engine, config)
     else:
         engine.load_weights(load_weights(run.weights, version), version)
     _, tasks = build_tasks(config.tasks, config.run.seed)
-    accuracy = exact_match_accuracy(engine, tasks, max_new_tokens=config.eval.max_new_tokens,
-                                    batch_size=config.eval.batch_size)
+    scores = heldout_scores(engine, tasks, config.eval,
+                            temperature=config.explorer.temperature, seed=config.run.seed)
+    if hasattr(engine, "close"):
+        engine.close()
+    accuracy = scores.pop("eval_accuracy")
     result = {"format_version": EVAL_RESULT_VERSION, "version": version,
-              "taskset": "eval", "metric": "exact_match", "accuracy": accuracy,
+              "taskset": "eval", "metric": "reward", "accuracy": accuracy,
+              **{key.removeprefix("eval_"): value for key, value in scores.items()},
               "tasks": len(tasks), "seconds": round(time.monotonic() - t0, 3)}
     run.eval.mkdir(parents=True, exist_ok=True)
     atomic_write_json(out, result)

@@ -22,6 +22,7 @@ def taskset_eval_tasks(config: ExperimentConfig) -> dict[str, list[Task]]:
 
 def taskset_accuracy(trainer: Any, sets: Mapping[str, list[Task]],
                      weights: Any = None) -> dict[str, float]:
-    """`taskset/<name>/eval_accuracy`: the trainer's greedy exact-match accuracy per set."""
-    return {f"taskset/{name}/eval_accuracy": trainer.accuracy(tasks, weights)
-            for name, tasks in sets.items()}
+    """`taskset/<name>/eval_accuracy` (and the other `Trainer.evaluate` scores): each task
+    set's held-out scores by its tasks' own rewards."""
+    return {f"taskset/{name}/{key}": value for name, tasks in sets.items()
+            for key, value in trainer.evaluate(tasks, weights).items()}

@@ -79,7 +79,7 @@ def write_report(run: RunDir, stages: list[dict[str, Any]]) -> Path:
                 ax.axvline(offset, color="grey", linestyle=":")
     ax_r.set(title="reward of the trained batch", xlabel="trainer step (all stages)",
              ylabel="mean reward")
-    ax_e.set(title="held-out exact-match accuracy", xlabel="trainer step (all stages)",
+    ax_e.set(title="held-out accuracy (task rewards)", xlabel="trainer step (all stages)",
              ylabel="accuracy", ylim=(0, 1))
     for ax in (ax_r, ax_e):
         if ax.get_legend_handles_labels()[0]:

@@ -177,8 +177,9 @@ def _lead(trainer: Trainer, run: RunDir, stop: StopFlag, saved: TrainerState | N
             followers.send("weights")
         return trainer.full_state_dict()
 
-    def accuracy() -> float:
-        return trainer.accuracy(eval_tasks, weights() if trainer.sharded else None)
+    def accuracy() -> dict[str, float]:
+        """Held-out scores on the eval split (`eval_accuracy`, `eval_reward`, ...)."""
+        return trainer.evaluate(eval_tasks, weights() if trainer.sharded else None)
 
     def set_accuracy() -> dict[str, float]:
         """Accuracy on each task set's eval split (`pipeline.tasksets`)."""
@@ -206,7 +207,7 @@ def _lead(trainer: Trainer, run: RunDir, stop: StopFlag, saved: TrainerState | N
     set_evals = taskset_eval_tasks(config)
     last_eval = last_saved = -1 if saved is None else step
     if step == 0 and eval_tasks:
-        metrics.log(0, {"eval_accuracy": accuracy(), **set_accuracy()})
+        metrics.log(0, {**accuracy(), **set_accuracy()})
         last_eval = 0
 
     # versions an evaluator scores later are published even in mode train, and never pruned
@@ -265,7 +266,7 @@ def _lead(trainer: Trainer, run: RunDir, stop: StopFlag, saved: TrainerState | N
                 published = step
             version = published if published is not None else version
             if config.eval.interval and step % config.eval.interval == 0 and eval_tasks:
-                values.update(eval_accuracy=accuracy(), **set_accuracy())
+                values.update(**accuracy(), **set_accuracy())
                 last_eval = step
             clock.observe_step(time.monotonic() - t1)
             values.update(seconds=time.monotonic() - t0, wait_seconds=t1 - t0,
@@ -294,7 +295,7 @@ def _lead(trainer: Trainer, run: RunDir, stop: StopFlag, saved: TrainerState | N
             publisher.write_files(weights(), step)
             version = step
             if eval_tasks and last_eval != step:
-                metrics.log(step, {"eval_accuracy": accuracy(), **set_accuracy()})
+                metrics.log(step, {**accuracy(), **set_accuracy()})
         if trainer.sharded:  # the others took part in the final save and publish
             followers.send("stop")
         reason = "done" if done else stop.reason

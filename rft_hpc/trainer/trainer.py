@@ -36,7 +36,7 @@ from rft_hpc.batch.logprobs import target_logprobs
 from rft_hpc.buffer.reader import Batch
 from rft_hpc.config import ExperimentConfig
 from rft_hpc.engines.hf import HFEngine, load_policy
-from rft_hpc.eval.accuracy import exact_match_accuracy
+from rft_hpc.eval.accuracy import heldout_scores
 from rft_hpc.sync.checkpoint import load_start_weights
 from rft_hpc.trainer.algorithm import AlgorithmPlan
 from rft_hpc.trainer.backend import build_backend
@@ -299,15 +299,17 @@ class Trainer:
         """The largest `n` over the ranks."""
         return max(all_gather_objects(n, self.dist))
 
-    def accuracy(self, tasks: list[Any], weights: dict[str, torch.Tensor] | None = None,
-                 ) -> float:
-        """Greedy exact-match accuracy of the current weights on `tasks`. When `sharded`
-        pass the gathered `weights` (`full_state_dict`, on rank 0): they are scored on a
-        whole replica that rank 0 keeps for evaluation."""
-        ecfg = self.config.eval
+    def evaluate(self, tasks: list[Any], weights: dict[str, torch.Tensor] | None = None,
+                 ) -> dict[str, float]:
+        """Held-out scores of the current weights on `tasks` by each task's own reward
+        (`eval.heldout_scores`: `eval_accuracy`, `eval_reward`, with `eval.k` also
+        `eval_mean@k`, `eval_pass@k`). When `sharded` pass the gathered `weights`
+        (`full_state_dict`, on rank 0): they are scored on a whole replica that rank 0
+        keeps for evaluation."""
         if self.sharded and weights is None:
             raise ValueError("a sharded trainer scores gathered weights: pass weights")
         engine = self.backend.eval_engine(weights)
-        return exact_match_accuracy(engine, tasks, max_new_tokens=ecfg.max_new_tokens,
-                                    batch_size=ecfg.batch_size)
+        return heldout_scores(engine, tasks, self.config.eval,
+                              temperature=self.config.explorer.temperature,
+                              seed=self.config.run.seed)
 
