@@ -3,7 +3,8 @@
 Explorer `i` at step `s` takes the tasks of `(s, i)` from the seeded task stream, so a
 restarted explorer redoes exactly the steps that were never committed. Before step `s` it
 holds weights of at least version `required_version(s)` (the sync rules), and at every step
-boundary it loads the newest published weights.
+boundary it loads the newest published weights. Single-turn rollouts are scored in reward
+worker processes, each call within `explorer.reward_timeout` (`rft_hpc.tasks.reward_pool`).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from rft_hpc.config import ExperimentConfig
 from rft_hpc.engines import build_engine
 from rft_hpc.explorer.multiturn import SerialEngine, TurnSettings
 from rft_hpc.explorer.overrollout import MultiTurnExplorer
-from rft_hpc.explorer.workflow import SamplingSettings, explore_tasks
+from rft_hpc.explorer.workflow import RewardFailures, SamplingSettings, explore_tasks
 from rft_hpc.ledger.log import LedgerWriter
 from rft_hpc.monitor.metrics import MetricsWriter
 from rft_hpc.pipeline.explorer_side import ExplorerPipeline
@@ -28,6 +29,7 @@ from rft_hpc.runtime.lifecycle import JobClock
 from rft_hpc.runtime.logs import at_step, setup_logging, step_line
 from rft_hpc.sync.checkpoint import load_start_weights
 from rft_hpc.sync.follower import WeightFollower, build_receiver
+from rft_hpc.tasks.reward_pool import RewardPool
 
 log = logging.getLogger(__name__)
 
@@ -66,6 +68,9 @@ def run_explorer(stage_dir: Path, index: int) -> int:
                            steps_per_segment=config.buffer.steps_per_segment,
                            background_commit=True)
     pipeline = ExplorerPipeline(config, run, index, committed_step=writer.next_step)
+    rewards = (RewardPool(cfg.reward_workers, cfg.reward_timeout)  # start while the model loads
+               if cfg.workflow.type == "single_turn" else None)
+    failures = RewardFailures(cfg.reward_failure_limit)
     engine = build_engine(config)
     load_start_weights(engine, config)
     multi_turn = None
@@ -104,9 +109,12 @@ def run_explorer(stage_dir: Path, index: int) -> int:
                     tasks, first_group_id=first_group, step=step,
                     seed=step_seed(config.run.seed, step, index), last=step + 1 >= total)
             else:
+                assert rewards is not None
                 experiences, values = explore_tasks(
                     engine, tasks, settings, first_group_id=first_group, step=step,
-                    seed=step_seed(config.run.seed, step, index))
+                    seed=step_seed(config.run.seed, step, index), score=rewards.score)
+                # before the write: a run stopped here redoes this step once resumed
+                failures.add(len(experiences), values)
             values.update(pipeline.process(step, experiences))
             writer.write_step(step, experiences)
             seconds = time.monotonic() - t0
@@ -137,6 +145,8 @@ def run_explorer(stage_dir: Path, index: int) -> int:
     finally:
         if multi_turn is not None:  # carried stragglers die with the process (documented)
             multi_turn.close()
+        if rewards is not None:
+            rewards.close()
         metrics.close()
         ledger.close()
         pipeline.close()
