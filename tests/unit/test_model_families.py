@@ -121,3 +121,19 @@ def test_engine_trainer_step_and_published_weights(tmp_path: Path, models: dict[
     assert engine.model.lm_head.weight is engine.model.model.embed_tokens.weight  # still tied
     after = engine.generate([prompt], n=2, max_new_tokens=6, temperature=1.0, seed=3)[0]
     assert [c.logprobs for c in after] != [c.logprobs for c in before]
+
+
+def test_model_init_and_dtype_auto_in_a_config(tmp_path: Path) -> None:
+    """`model.init: tiny-qwen3` builds that family's model where `model.path` points;
+    `model.dtype: auto` is a valid setting, resolved where the weights are loaded."""
+    from rft_hpc.config import load_config
+    from rft_hpc.run.stages import prepare_model
+
+    path = write_config(tmp_path / "c.yaml", tmp_path / "model")
+    config = load_config(path, ["model.init=tiny-qwen3", "model.dtype=auto"])
+    assert config.model.dtype == "auto"
+    prepare_model(config)
+    assert json.loads((tmp_path / "model" / "config.json").read_text())["architectures"] == [
+        "Qwen3ForCausalLM"]
+    engine = HFEngine(config.model.path, dtype=config.model.dtype)
+    assert next(engine.model.parameters()).dtype == torch.float32  # on the CPU
