@@ -21,12 +21,12 @@ def load_tasks(source: DataSourceFields, taskset: str | None = None) -> list[Tas
     wrong type, raises one `UserError` naming the file and row (line, for JSONL) of each."""
     rows = read_rows(source.path, source.split, source.rows)
     keys = source.keys
-    prompt_col = col.pick_column(rows, keys.prompt, keys.messages,
-                                 "messages" in keys.model_fields_set)
+    messages_col = keys.messages or "messages"
+    prompt_col = col.pick_column(rows, keys.prompt, messages_col, keys.messages is not None)
     col.require_columns(rows, "prompt", prompt_col,
-                        *([keys.messages] if prompt_col == keys.prompt else []))
+                        *([messages_col] if prompt_col == keys.prompt else []))
     col.require_columns(rows, "answer", keys.answer)
-    chat = prompt_col == keys.messages
+    chat = prompt_col == messages_col
     name = taskset or source.path.stem
     prefix = f"{source.path.stem}-{source.split}" if source.split else source.path.stem
     used = (prompt_col, keys.answer, keys.task_id, *SPECIAL)

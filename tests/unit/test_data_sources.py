@@ -122,3 +122,13 @@ def test_unknown_formats_and_out_of_range_rows_are_refused(tmp_path):
         FileTasks(path=path, rows=[3, 1])
     with pytest.raises(ValueError, match="eval_rows overlap the training rows"):
         FileTasks(path=path, rows=[0, 5], eval_rows=[4, 6])
+
+
+def test_a_frozen_config_that_writes_every_key_reads_the_same_columns(tmp_path):
+    """A role reads its stage's frozen config, which spells out every key at its default:
+    the source must pick the same columns as from the user's config."""
+    path = _parquet(tmp_path / "gsm8k.parquet", GSM8K)
+    source = FileTasks(path=path, keys={"prompt": "question"}, rows=[0, 4], eval_rows=[4, 6])
+    frozen = FileTasks.model_validate(source.model_dump(mode="json"))
+    assert build_tasks(frozen, 0) == build_tasks(source, 0)
+    assert [t.prompt for t in build_tasks(frozen, 0)[0]] == GSM8K["question"][:4]
