@@ -92,7 +92,12 @@ def cancel_submitted() -> None:
     jobs waiting in the shared cluster's queue."""
     while _SUBMITTED:
         env, run = _SUBMITTED.pop()
-        rft(env, "cancel", run)
+        try:
+            queued = bool(jobs_in_queue(env, run.name))  # squeue is cheap, the CLI is not
+        except AssertionError:  # squeue failed: cancel to be sure
+            queued = True
+        if queued:
+            rft(env, "cancel", run)
 
 
 def heartbeat(run: Path, role: str) -> dict:
