@@ -29,8 +29,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     from helpers.slurm_cluster import JOIN_BOUND_S
 
     first = next((item for item in items if "slurm_env" in item.fixturenames), None)
-    if first is None:
-        return
+    if first is None or not config.pluginmanager.hasplugin("timeout"):
+        return  # without pytest-timeout (or with -p no:timeout) no test has a timeout
     marker = first.get_closest_marker("timeout")
     own = (marker.kwargs.get("timeout", marker.args[0] if marker.args else None)
            if marker else None)
