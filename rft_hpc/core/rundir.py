@@ -141,11 +141,6 @@ class RunDir:
         """`weights/`: published weight versions and their `LATEST` pointer."""
         return self.root / "weights"
 
-    @property
-    def weights_latest(self) -> Path:
-        """`weights/LATEST`: the newest published version's number."""
-        return self.weights / "LATEST"
-
     def weights_version(self, version: int) -> Path:
         """`weights/v<NNNNNN>/`: one published version (docs/weights-format.md)."""
         return self.weights / weights_folder_name(version)
