@@ -33,7 +33,7 @@ from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 from rft_hpc.config import ExperimentConfig
 from rft_hpc.engines.hf import HFEngine
 from rft_hpc.trainer.distributed import DistContext
-from rft_hpc.trainer.torch_backend import TorchBackend, whole_replica
+from rft_hpc.trainer.torch_backend import TorchBackend, replica_with
 
 _FULL = StateDictOptions(full_state_dict=True, cpu_offload=True)
 
@@ -148,7 +148,5 @@ class FSDPBackend(TorchBackend):
 
     def eval_engine(self, weights: Mapping[str, torch.Tensor] | None) -> HFEngine:
         """Rank 0's whole replica (built at the first call) with `weights` loaded."""
-        if self._eval is None:
-            self._eval = whole_replica(self.config, self.device)
-        self._eval.model.load_state_dict(weights)
+        self._eval = replica_with(self._eval, self.config, self.device, weights)
         return self._eval

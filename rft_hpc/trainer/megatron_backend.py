@@ -43,7 +43,7 @@ from rft_hpc.megatron.shards import tp_cut
 from rft_hpc.trainer.algorithm import AlgorithmPlan
 from rft_hpc.trainer.distributed import DistContext, all_reduce_gradients
 from rft_hpc.trainer.fsdp import FullState
-from rft_hpc.trainer.torch_backend import idle_pass, whole_replica
+from rft_hpc.trainer.torch_backend import idle_pass, replica_with
 
 _MOMENTS = ("exp_avg", "exp_avg_sq")
 
@@ -288,7 +288,5 @@ class MegatronBackend:
 
     def eval_engine(self, weights: Mapping[str, torch.Tensor] | None) -> HFEngine:
         """Rank 0's HF model (kept from `build`) with the gathered `weights` loaded."""
-        if self._eval is None:
-            self._eval = whole_replica(self.config, self.device)
-        self._eval.model.load_state_dict(weights)
+        self._eval = replica_with(self._eval, self.config, self.device, weights)
         return self._eval

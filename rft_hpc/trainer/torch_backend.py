@@ -127,3 +127,13 @@ def whole_replica(config: ExperimentConfig, device: torch.device) -> HFEngine:
     tokenizer, model = load_policy(config.model.path, config.model.dtype)
     return HFEngine(model=model.to(device).eval(), tokenizer=tokenizer, device=str(device),
                     prompt=config.prompt)
+
+
+def replica_with(engine: HFEngine | None, config: ExperimentConfig, device: torch.device,
+                 weights: Mapping[str, torch.Tensor] | None) -> HFEngine:
+    """`engine` (a `whole_replica` built now when None) with the gathered `weights` loaded:
+    how a sharded backend's rank 0 evaluates."""
+    if engine is None:
+        engine = whole_replica(config, device)
+    engine.model.load_state_dict(weights)
+    return engine
