@@ -54,6 +54,7 @@ def _register_commands() -> None:
     from rft_hpc.cli import (
         audit_cmd,
         buffer_cmd,
+        data_cmd,
         eval_cmd,
         export_cmd,
         run_cmd,
@@ -75,6 +76,7 @@ def _register_commands() -> None:
     run_cmd.role_app.command("bench-collect")(eval_cmd.role_bench_collect)
     run_cmd.role_app.command("bench-stage")(eval_cmd.role_bench_stage)
     app.add_typer(buffer_cmd.app, name="buffer")
+    app.add_typer(data_cmd.app, name="data")
     app.add_typer(run_cmd.model_app, name="model")
     app.add_typer(run_cmd.role_app, name="role", hidden=True)
 
