@@ -1,5 +1,7 @@
-"""Offline records made from tasks: SFT samples (prompt -> answer) and DPO pairs (the
-answer chosen over a wrong one), for `data: {source: tasks}` stages and for tests."""
+"""Offline records: SFT samples (prompt -> answer) and DPO pairs (the answer chosen over a
+wrong one) made from tasks, for `data: {source: tasks}` stages and for tests; and those of
+the user's data files (`data: {source: file}`, read by `tasks.offline_rows`). Prompts are
+always the explorers' ids, responses end with the stop token."""
 
 from __future__ import annotations
 
@@ -9,6 +11,7 @@ from typing import Any
 
 from rft_hpc.buffer.records import DPOPair, Record, SFTSample
 from rft_hpc.config.prompt import PromptConfig
+from rft_hpc.tasks.offline_rows import OfflineExample
 from rft_hpc.tasks.prompts import prompt_ids, response_ids, stop_token_ids
 from rft_hpc.tasks.task import Task
 
@@ -47,4 +50,24 @@ def task_records(tasks: Sequence[Task], tokenizer: Any, kind: str, seed: int = 0
         else:
             out.append(SFTSample(prompt + encode(task.answer), len(prompt),
                                  task_id=task.task_id, taskset=task.taskset))
+    return out
+
+
+def example_records(examples: Sequence[OfflineExample], tokenizer: Any, *,
+                    prompt_format: PromptConfig | None = None,
+                    stop_ids: list[int] | None = None) -> list[Record]:
+    """One record per example: an `sft` sample (prompt, response, stop token) or a `dpo`
+    pair (prompt + chosen, prompt + rejected, each ending with the stop token), carrying the
+    example's id, task set and `info`; the prompt is not trained. Prompts and stop tokens
+    are those of `task_records`."""
+    fmt = prompt_format if prompt_format is not None else PromptConfig()
+    stops = stop_ids if stop_ids is not None else stop_token_ids(tokenizer, None, fmt)
+    out: list[Record] = []
+    for example in examples:
+        task = example.prompt
+        prompt = prompt_ids(tokenizer, task, fmt)
+        seqs = [prompt + response_ids(tokenizer, text, stops) for text in example.responses]
+        common = {"task_id": task.task_id, "taskset": task.taskset, "info": dict(task.info)}
+        out.append(DPOPair(seqs[0], seqs[1], len(prompt), **common) if example.kind == "dpo"
+                   else SFTSample(seqs[0], len(prompt), **common))
     return out

@@ -16,6 +16,7 @@ from pydantic import BaseModel, Field, field_validator, model_validator
 from rft_hpc.config.algorithm import AlgorithmConfig
 from rft_hpc.config.buffer import BufferConfig
 from rft_hpc.config.launch import LaunchConfig
+from rft_hpc.config.offline_data import DataConfig
 from rft_hpc.config.paths import ConfigPath
 from rft_hpc.config.pipeline import PipelineConfig
 from rft_hpc.config.prompt import PromptConfig
@@ -223,25 +224,6 @@ class EvalConfig(ConfigSection):
         """Weights versions the evaluator scores, in order (array task i scores entry i)."""
         middle = range(self.every, trainer_steps, self.every) if self.every else []
         return sorted({0, *middle, trainer_steps})
-
-
-class DataConfig(ConfigSection):
-    """Offline data imported into the buffer before a `train` stage starts."""
-
-    source: Literal["tasks", "jsonl"] = "tasks"
-    """`tasks`: SFT samples (prompt -> answer) from the task source's training split;
-    `jsonl`: the file at `path`, as `rft-hpc buffer import` reads it."""
-
-    path: ConfigPath | None = None
-    """JSONL file (with source=jsonl)."""
-
-    kind: Literal["sft", "dpo", "rl"] = "sft"
-    """Record kind: of the JSONL file; with source=tasks `sft` (prompt -> answer) or `dpo`
-    (the answer chosen over a wrong one)."""
-
-    taskset: str | None = None
-    """Task-set name given to the imported records (default: their own). With a `mixture`
-    sampler it sets the share of offline (expert) records in each batch, as MIX wants."""
 
 
 class StageConfig(ConfigSection):

@@ -40,10 +40,11 @@ class DataKeys(ConfigSection):
     """Column of the prompt text (GSM8K: `question`, MATH: `problem`)."""
 
     messages: str | None = None
-    """Column of a chat prompt: a list of `{role, content}`; when set, always used (in place
-    of the prompt column); unset, a `messages` column is used when the source has no prompt
-    column. (Unset rather than a default name, so that a frozen config that writes every key
-    out means the same.)"""
+    """Column of a chat prompt: a list of `{role, content}` (for offline SFT data the whole
+    conversation, its last message the assistant's response); when set, always used (in
+    place of the prompt column); unset, a `messages` column is used when the source has no
+    prompt column. (Unset rather than a default name, so that a frozen config that writes
+    every key out means the same.)"""
 
     answer: str = "answer"
     """Column of the reference answer of a task (MATH: `solution`); text, or an integer."""

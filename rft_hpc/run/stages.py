@@ -17,7 +17,7 @@ from pathlib import Path
 import yaml
 
 from rft_hpc.buffer.jsonl import read_jsonl_records, write_new_writer
-from rft_hpc.buffer.offline import task_records
+from rft_hpc.buffer.offline import example_records, task_records
 from rft_hpc.config import ExperimentConfig, load_config
 from rft_hpc.config.launch import LaunchConfig
 from rft_hpc.core.errors import UserError
@@ -26,6 +26,7 @@ from rft_hpc.eval.bench import RESULTS_FILE
 from rft_hpc.monitor.metrics import read_metrics
 from rft_hpc.runtime.common import freeze_config
 from rft_hpc.tasks.data_check import check_task_sources
+from rft_hpc.tasks.offline_rows import load_offline_examples
 from rft_hpc.tasks.preflight import PREFLIGHT_CHECKS
 from rft_hpc.tasks.prompts import model_stop_ids
 from rft_hpc.tasks.source import build_tasks
@@ -165,7 +166,8 @@ def prepare_stage(config: ExperimentConfig, folder: Path, start_weights: Path | 
 def _import_offline_data(config: ExperimentConfig, run: RunDir) -> None:
     data = config.data
     if data is None:
-        raise UserError("mode train needs offline data: set `data` (source: tasks or jsonl)")
+        raise UserError("mode train needs offline data: set `data` (source: tasks, file or "
+                        "jsonl)")
     if data.source == "jsonl":
         if data.path is None:
             raise UserError("data.path is not set (data.source is jsonl)")
@@ -174,13 +176,17 @@ def _import_offline_data(config: ExperimentConfig, run: RunDir) -> None:
         from transformers import AutoTokenizer
 
         if data.kind == "rl":
-            raise UserError("data.kind rl needs data.source jsonl (tasks have no rollouts)")
+            raise UserError(f"data.kind rl needs data.source jsonl (source {data.source} "
+                            "has no rollouts)")
         tok = AutoTokenizer.from_pretrained(str(config.model.path), local_files_only=True)
-        train, _ = build_tasks(config.tasks, config.run.seed)
-        records = task_records(train, tok, data.kind, config.run.seed,
-                               prompt_format=config.prompt,
-                               stop_ids=model_stop_ids(config.model.path, tok,
-                                                       config.prompt))
+        stops = model_stop_ids(config.model.path, tok, config.prompt)
+        if data.source == "file":
+            records = example_records(load_offline_examples(data.file_source(), data.kind),
+                                      tok, prompt_format=config.prompt, stop_ids=stops)
+        else:
+            train, _ = build_tasks(config.tasks, config.run.seed)
+            records = task_records(train, tok, data.kind, config.run.seed,
+                                   prompt_format=config.prompt, stop_ids=stops)
     if data.taskset is not None:
         for record in records:
             record.taskset = data.taskset

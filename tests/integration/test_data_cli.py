@@ -1,4 +1,4 @@
-"""Bad task data through the CLI: `validate`, `run` and `submit` each refuse it with one
+"""Bad task and offline data through the CLI: `validate`, `run` and `submit` each refuse it with one
 message naming file, row and column, exit 2, no traceback, and create or submit nothing."""
 
 import subprocess
@@ -43,6 +43,48 @@ def test_bad_task_data_is_one_message_exit_2_and_nothing_starts(tmp_path, case, 
     assert result.returncode == 2, result.stdout + result.stderr
     assert "Traceback" not in result.stdout + result.stderr
     assert result.stderr.count("tasks:") == 1, result.stderr
+    for fragment in fragments:
+        assert fragment in result.stderr, result.stderr
+    assert not (tmp_path / "runs").exists() and not (tmp_path / "model").exists()
+
+
+def _offline_config(tmp_path, columns, data):
+    pq.write_table(pa.table(columns), tmp_path / "expert.parquet")
+    config = tmp_path / "exp.yaml"
+    config.write_text(f"run: {{name: bad, root: {tmp_path / 'runs'}}}\n"
+                      f"model: {{path: {tmp_path / 'model'}, init: tiny}}\n"
+                      "mode: train\nalgorithm: {algorithm_type: sft}\n"
+                      f"data: {{source: file, path: expert.parquet, {data}}}\n")
+    return config
+
+
+OFFLINE_CASES = {
+    "missing column": (
+        {"q": ["1+1=", "2+2="], "answer": ["2", "4"]}, "keys: {prompt: q, response: a}",
+        ["expert.parquet: no column 'a' for the response", "the columns there are: q, answer"]),
+    "wrong type": (
+        {"prompt": ["1+1=", "2+2="], "chosen": ["2", "4"], "rejected": [3, 5]}, "kind: dpo",
+        ["2 bad DPO row(s)",
+         "expert.parquet, row 1: column 'rejected' holds an integer, expected a string"]),
+    "empty response": (
+        {"q": ["1+1=", "2+2=", "3+3="], "a": ["2", "", "6"]}, "keys: {prompt: q, response: a}",
+        ["expert.parquet, row 1: column 'a' is empty"]),
+    "chat under raw prompts": (
+        {"messages": [[{"role": "user", "content": "1+1="},
+                       {"role": "assistant", "content": "2"}]]}, "kind: sft",
+        ["expert.parquet holds chat messages", "set prompt.format: chat"]),
+}
+
+
+@pytest.mark.parametrize("case", OFFLINE_CASES)
+@pytest.mark.parametrize("command", [["validate"], ["run"], ["submit"]])
+def test_bad_offline_data_is_one_message_exit_2_and_nothing_starts(tmp_path, case, command):
+    columns, data, fragments = OFFLINE_CASES[case]
+    config = _offline_config(tmp_path, columns, data)
+    result = rft(*command, config, cwd=tmp_path)
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert "Traceback" not in result.stdout + result.stderr
+    assert result.stderr.count("data:") == 1, result.stderr
     for fragment in fragments:
         assert fragment in result.stderr, result.stderr
     assert not (tmp_path / "runs").exists() and not (tmp_path / "model").exists()

@@ -1,0 +1,66 @@
+"""Configuration of the offline data a `train` stage imports into the buffer: SFT samples
+and DPO pairs made from the task source, the user's data files (JSONL, Parquet or a
+Hugging Face `datasets` folder, read through a key mapping), or `rft-hpc buffer import`
+JSONL (docs/data.md)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import model_validator
+
+from rft_hpc.config.paths import ConfigPath
+from rft_hpc.config.tasks import DataKeys, DataSourceFields
+
+
+class DataConfig(DataSourceFields):
+    """Offline data imported into the buffer before a `train` stage starts."""
+
+    source: Literal["tasks", "file", "jsonl"] = "tasks"
+    """`tasks`: records made from the task source's training split; `file`: the rows of the
+    data file or `datasets` folder at `path` (`split`, `rows`, `keys`), SFT rows a prompt (or
+    messages) and a response, DPO rows a prompt (or messages), chosen and rejected;
+    `jsonl`: the file at `path`, as `rft-hpc buffer import` reads it."""
+
+    path: ConfigPath | None = None  # type: ignore[assignment]  # optional here: source tasks
+    """With source `file`: a `.jsonl` or `.parquet` file, or a folder written by `datasets`'
+    `save_to_disk` (read locally, never from a hub); with source `jsonl`: a file in
+    `rft-hpc buffer import`'s layout. `${VAR}` and `~` are expanded."""
+
+    kind: Literal["sft", "dpo", "rl"] = "sft"
+    """Record kind: `sft` (a prompt and the response trained on) or `dpo` (a prompt, the
+    response chosen and the one rejected; with source tasks the answer chosen over a wrong
+    one); `rl` (rollouts) only with source jsonl."""
+
+    taskset: str | None = None
+    """Task-set name given to the imported records (default: their own; with source file the
+    row's `taskset` column, else the file's stem). With a `mixture` sampler it sets the share
+    of offline (expert) records in each batch, as MIX wants."""
+
+    @model_validator(mode="after")
+    def _settings_of_the_source(self) -> DataConfig:
+        # Compared with the defaults, not with the keys given: a frozen config (and a stage
+        # merged from its base) spells every key out.
+        file_only = [name for name, unset in (("split", self.split is None),
+                                              ("rows", self.rows is None),
+                                              ("keys", self.keys == DataKeys())) if not unset]
+        if self.source == "tasks" and self.path is not None:
+            file_only.insert(0, "path")
+        if self.source != "file" and file_only:
+            raise ValueError(f"{', '.join(file_only)} only apply with source file (source "
+                             f"{self.source} reads " + ("the task source)" if self.source ==
+                                                        "tasks" else "buffer-import JSONL)"))
+        if self.source != "tasks" and self.path is None:
+            raise ValueError(f"source {self.source} needs path (the data file)")
+        if self.source != "jsonl" and self.kind == "rl":
+            raise ValueError(f"kind rl needs source jsonl (source {self.source} has no "
+                             "rollouts)")
+        return self
+
+    def file_source(self) -> DataSourceFields:
+        """The data source of source `file` (path, split, rows, keys), as the readers of
+        `rft_hpc.tasks` take it."""
+        if self.path is None:
+            raise ValueError("data.path is not set")
+        return DataSourceFields(path=self.path, split=self.split, rows=self.rows,
+                                keys=self.keys)

@@ -1,0 +1,121 @@
+"""Offline SFT and DPO examples from the rows of a data source (JSONL, Parquet, a `datasets`
+folder) through a key mapping, as text: the prompt, to be rendered by the run's prompt
+format, and the responses trained on (docs/data.md). `rft_hpc.buffer.offline` turns them
+into buffer records.
+
+- SFT: a prompt (or messages) column and a response column; or a messages column holding
+  the whole conversation, whose last message, the assistant's, is the response.
+- DPO: a prompt (or messages) column, a chosen and a rejected column.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from rft_hpc.config.tasks import DataSourceFields
+from rft_hpc.core.errors import UserError
+from rft_hpc.tasks import columns as col
+from rft_hpc.tasks.rows import raise_errors, read_rows
+from rft_hpc.tasks.task import Task
+
+KINDS = ("sft", "dpo")
+
+
+@dataclass(frozen=True)
+class OfflineExample:
+    """One row of offline data, before tokenization."""
+
+    kind: str
+    """`sft` or `dpo`."""
+
+    prompt: Task
+    """The prompt (its text, or the chat messages before the response) with the row's id,
+    task set and other columns (`info`), as `tasks.prompts.prompt_ids` renders it."""
+
+    responses: tuple[str, ...]
+    """SFT: `(response,)`; DPO: `(chosen, rejected)`."""
+
+
+def load_offline_examples(source: DataSourceFields, kind: str,
+                          taskset: str | None = None) -> list[OfflineExample]:
+    """Every example of `source` (its split and rows) for records of `kind` (`sft`, `dpo`).
+    An example's id is its `task_id` column or `<file stem>[-<split>]-<row number>`, its task
+    set the `taskset` column, or `taskset`, or the file stem; the other columns go into its
+    `info`. A column the source lacks, or any row with a value missing, of the wrong type or
+    empty (a response), or a conversation that does not end with the assistant's message,
+    raises one `UserError` naming the file and row (line, for JSONL) and column of each."""
+    if kind not in KINDS:
+        raise ValueError(f"offline data kind must be one of {KINDS}, got {kind!r}")
+    rows = read_rows(source.path, source.split, source.rows)
+    keys = source.keys
+    messages_col = keys.messages or "messages"
+    prompt_col = col.pick_column(rows, keys.prompt, messages_col, keys.messages is not None)
+    chat = prompt_col == messages_col
+    col.require_columns(rows, "conversation" if chat and kind == "sft" else "prompt",
+                        prompt_col, *([messages_col] if not chat else []))
+    answers = ((keys.chosen, keys.rejected) if kind == "dpo"
+               else () if chat else (keys.response,))
+    roles = ("chosen response", "rejected response") if kind == "dpo" else ("response",)
+    for role, column in zip(roles, answers, strict=False):
+        col.require_columns(rows, role, column)
+    name = taskset or source.path.stem
+    prefix = f"{source.path.stem}-{source.split}" if source.split else source.path.stem
+    used = (prompt_col, *answers, keys.task_id, "taskset")
+    examples, errors = [], []
+    for i, row in enumerate(rows.rows):
+        number = rows.lines[i] if rows.lines is not None else rows.start + i
+        try:
+            examples.append(_example(row, kind, prompt_col, chat, answers, keys.task_id,
+                                     f"{prefix}-{number}", name, col.info(row, used)))
+        except col.RowError as exc:
+            errors.append(f"{rows.place(i)}: {exc}")
+    raise_errors(errors, f"bad {kind.upper()} row(s)")
+    if not examples:
+        raise UserError(f"{rows.where} holds no {kind.upper()} rows")
+    return examples
+
+
+def _example(row: dict[str, Any], kind: str, prompt_col: str, chat: bool,
+             answers: tuple[str, ...], id_col: str, default_id: str, taskset: str,
+             info: dict[str, Any]) -> OfflineExample:
+    ident = row.get(id_col)
+    if ident is not None and not isinstance(ident, str | int):
+        raise col.RowError(f"column {id_col!r} holds {col.type_name(ident)}, expected a "
+                           "string or an integer")
+    if row.get("taskset") is not None:
+        taskset = col.text(row, "taskset")
+    messages = col.messages(row, prompt_col) if chat else None
+    responses = tuple(_response(row, column) for column in answers)
+    if messages is not None and kind == "sft":
+        messages, last = _conversation(messages, prompt_col)
+        responses = (last,)
+    if kind == "dpo" and responses[0] == responses[1]:
+        raise col.RowError(f"columns {answers[0]!r} and {answers[1]!r} hold the same "
+                           "response: a pair has nothing to prefer")
+    prompt = Task(task_id=str(ident) if ident is not None else default_id,
+                  prompt="" if chat else col.text(row, prompt_col), messages=messages,
+                  taskset=taskset, info=info)
+    return OfflineExample(kind, prompt, responses)
+
+
+def _response(row: dict[str, Any], column: str) -> str:
+    value = col.text(row, column)
+    if not value.strip():
+        raise col.RowError(f"column {column!r} is empty: a response must have text to "
+                           "train on")
+    return value
+
+
+def _conversation(messages: list[dict[str, str]],
+                  column: str) -> tuple[list[dict[str, str]], str]:
+    """The messages before the last one, and the last one's text, which must be the
+    assistant's and not empty (the response trained on)."""
+    last = messages[-1]
+    where = f"column {column!r}, message {len(messages) - 1}"
+    if last["role"] != "assistant":
+        raise col.RowError(f"{where}: the conversation ends with a {last['role']!r} message; "
+                           "for SFT it must end with the assistant's (the response trained on)")
+    if not last["content"].strip():
+        raise col.RowError(f"{where}: the assistant's response is empty")
+    return messages[:-1], last["content"]
