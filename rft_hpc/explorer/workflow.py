@@ -58,14 +58,17 @@ def explore_tasks(engine: HFEngine, tasks: Sequence[Task], settings: SamplingSet
                   score: Scorer = score_inline) -> tuple[list[Experience], dict[str, float]]:
     """Generate `repeat` rollouts per task, score them with `score`, and return them with
     step metrics (`reward_errors`, `reward_timeouts`: failed reward calls, each scored 0
-    and logged with its task id).
+    and logged with its task id; `generated_tokens` and `generate_seconds`: the response
+    tokens and the engine's time for them, the rollout throughput).
 
     Group ids are `first_group_id + task index`, unique across explorers and steps when the
     caller passes the task's position in the task stream.
     """
     prompts = [engine.prompt_ids(t) for t in tasks]
+    t0 = time.monotonic()
     groups = engine.generate(prompts, n=settings.repeat, max_new_tokens=settings.max_new_tokens,
                              temperature=settings.temperature, seed=seed)
+    generate_seconds = time.monotonic() - t0
     calls = [(task, c.text) for task, completions in zip(tasks, groups, strict=True)
              for c in completions]
     t0 = time.monotonic()
@@ -95,7 +98,8 @@ def explore_tasks(engine: HFEngine, tasks: Sequence[Task], settings: SamplingSet
                "response_length": float(np.mean(lengths)),
                "finished": float(np.mean([e.info["finished"] for e in experiences])),
                "reward_errors": float(errors), "reward_timeouts": float(timeouts),
-               "reward_seconds": seconds}
+               "reward_seconds": seconds, "generated_tokens": float(sum(lengths)),
+               "generate_seconds": generate_seconds}
     return experiences, metrics
 
 

@@ -57,9 +57,13 @@ def byte_alphabet() -> list[str]:
 
 def build_byte_tokenizer(out_dir: str | Path, *, special: Sequence[str],
                          plain: Sequence[str] = (), bos: str | None, eos: str,
-                         pad: str | None, chat_template: str) -> Path:
+                         pad: str | None, chat_template: str, filler: int = 0) -> Path:
     """Write a byte-level tokenizer (one token per byte: ids 0-255, so any text encodes) with
     `special` and then `plain` added tokens after the bytes, and `chat_template`, to `out_dir`.
+
+    `filler` multi-byte tokens (ids 256 .. 255 + filler, before the added tokens) give it a
+    real model's size, so that a model of a real vocabulary's shape samples ids it can
+    decode: with no merges no text encodes to them, and each decodes to its bytes.
 
     Added tokens are matched whole before the text is split into bytes (`special` ones are
     dropped by `decode(..., skip_special_tokens=True)`, `plain` ones such as `<think>` are
@@ -70,7 +74,12 @@ def build_byte_tokenizer(out_dir: str | Path, *, special: Sequence[str],
     from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, processors
     from transformers import PreTrainedTokenizerFast
 
-    vocab = {ch: i for i, ch in enumerate(byte_alphabet())}
+    alphabet = byte_alphabet()
+    vocab = {ch: i for i, ch in enumerate(alphabet)}
+    for i in range(filler):  # two bytes each while they last (65536), then three
+        n, width = (i, 2) if i < 256 ** 2 else (i - 256 ** 2, 3)
+        vocab["".join(alphabet[(n >> (8 * k)) & 255] for k in reversed(range(width)))] = \
+            len(vocab)
     core = Tokenizer(models.BPE(vocab, merges=[]))
     core.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
     core.decoder = decoders.ByteLevel()

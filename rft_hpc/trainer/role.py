@@ -251,7 +251,9 @@ def _lead(trainer: Trainer, run: RunDir, stop: StopFlag, saved: TrainerState | N
             kept, filtered = filter_batch(batch, config.pipeline.experience_filters)
             if len(kept):
                 followers.send("batch")
+                t2 = time.monotonic()
                 values = trainer.step(kept)
+                values["train_seconds"] = time.monotonic() - t2  # the step alone: tokens/s
             else:  # the filters dropped every record: this step changes no weights
                 values = {"filter/skipped_step": 1.0}
             values.update(filtered)

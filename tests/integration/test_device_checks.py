@@ -34,3 +34,41 @@ def test_summary_and_a_check_killed_at_its_limit(tmp_path: Path) -> None:
     assert 2 <= trainer["seconds"] < 10
     assert printed["counts"] == {"ok": 1, "failed": 1, "skipped": 1} and not printed["ok"]
     assert "===== torch_trainer_bf16" in (out / "checks.log").read_text()
+
+
+HIDE_VLLM = """import sys
+
+
+class _NoVLLM:
+    def find_spec(self, name, path=None, target=None):
+        if name == "vllm" or name.startswith("vllm."):
+            raise ModuleNotFoundError("hidden by the test", name=name)
+
+
+sys.meta_path.insert(0, _NoVLLM())
+"""
+"""A sitecustomize.py that makes vllm unimportable, as it is on the device image."""
+
+
+def test_grpo_check_without_vllm_runs_grpo_on_hf_and_reports_both_rates(tmp_path: Path) -> None:
+    """grpo_check.py's tiny shape through `rft-hpc run` where vLLM is missing: the HF engine,
+    `"vllm": "missing"`, every rollout trained once, both rates from the run's metrics."""
+    (tmp_path / "sitecustomize.py").write_text(HIDE_VLLM)
+    path = os.pathsep.join(filter(None, [str(tmp_path), os.environ.get("PYTHONPATH")]))
+    proc = subprocess.run(
+        [sys.executable, str(REPO / "tools/device/grpo_check.py"), "--steps", "2",
+         "--tasks", "2", "--repeat", "2", "--max-new-tokens", "16"],
+        capture_output=True, text=True, timeout=240, cwd=REPO,
+        env={**os.environ, "CUDA_VISIBLE_DEVICES": "", "PYTHONPATH": path})
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    result = json.loads(proc.stdout.split("RESULT ")[-1])
+    assert result["ok"] and result["run_exit"] == 0
+    assert (result["engine"], result["vllm"], result["explorer_device"]) == ("hf", "missing",
+                                                                            "cpu")
+    assert (result["shape"], result["tokenizer_ids"], result["vocab_size"]) == ("tiny", 1024,
+                                                                                1088)
+    assert result["explorer_steps"] == result["trainer_steps"] == 2
+    assert result["generated_tokens"] == result["trained_tokens"] > 0
+    assert result["rollout_tokens_per_s"] > 0 and result["trainer_tokens_per_s"] > 0
+    assert any(g > 0 for g in result["grad_norms"])  # the rewards differ within a group
+    assert result["weights"] == {"version": 2, "dtypes": ["float32"], "finite": True}

@@ -106,6 +106,8 @@ def test_rollout_logprobs_are_what_the_trainer_recomputes(tiny_model):
         mask = batch.loss_mask.bool()
         assert mask.sum() > 0
         assert torch.allclose(recomputed[mask], batch.old_logprobs[mask], atol=2e-5)
+        assert metrics["generated_tokens"] == float(mask.sum())  # the rollout throughput's
+        assert metrics["generate_seconds"] > 0
 
 
 def test_stages_merge_only_the_keys_they_give(tmp_path):

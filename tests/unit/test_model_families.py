@@ -72,6 +72,24 @@ def test_the_default_tiny_model_is_the_character_llama(tiny_model: Path) -> None
     assert "chat_template" not in json.loads((tiny_model / "tokenizer_config.json").read_text())
 
 
+def test_a_byte_tokenizer_filled_to_qwen25s_size(tmp_path: Path) -> None:
+    """filler tokens put Qwen2.5's special tokens at its ids; text still encodes to bytes,
+    and every filler id (two bytes each, three past 65536) decodes to its own bytes."""
+    from rft_hpc.models.families import FAMILIES
+    from rft_hpc.models.tokenizer import build_byte_tokenizer
+
+    q = FAMILIES["qwen2"]
+    build_byte_tokenizer(tmp_path, special=q.special, bos=q.bos, eos=q.eos, pad=q.pad,
+                         chat_template=q.template, filler=151643 - 256)
+    tok = AutoTokenizer.from_pretrained(str(tmp_path), local_files_only=True)
+    assert len(tok) == 151646
+    assert tok.convert_tokens_to_ids(list(q.special)) == [151643, 151644, 151645]
+    assert tok("Hi 1+2=")["input_ids"] == list(b"Hi 1+2=")
+    assert tok.decode([256]) == "\x00\x00" and tok.decode([256 + 0x4142]) == "AB"
+    assert tok.decode([256 + 65536 + 0x014243]) == "\x01BC"
+    assert len({tok.convert_ids_to_tokens(i) for i in range(151643)}) == 151643
+
+
 def test_model_dtype_auto() -> None:
     assert model_dtype("auto", "cpu") == torch.float32
     assert model_dtype("auto", "cuda") == torch.bfloat16

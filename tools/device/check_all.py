@@ -72,6 +72,7 @@ CHECKS: list[Check] = [
           cuda_only="which device a one-rank trainer role picks when a GPU is present"),
     Check("megatron_core", "megatron_check.py", 200, needs=("megatron.core",),
           unless=(("vllm", "--no-vllm"),)),
+    Check("grpo_qwen05b", "grpo_check.py", 150),
     Check("vllm_engine", "vllm_check.py", 300, args=("--eager",), needs=("vllm",)),
 ]
 
