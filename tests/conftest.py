@@ -23,22 +23,34 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
     check_needs(item)
 
 
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
+    """`-n auto` (pyproject's addopts): one worker per core this process may use, at most
+    4 (each worker runs role processes of its own; more would only queue for the cores)."""
+    return max(1, min(4, len(os.sched_getaffinity(0))))
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """The first test that uses the local Slurm cluster also starts it (a session fixture):
-    its timeout grows by the longest that a start may take."""
+    """A test that uses the local Slurm cluster first in its file may be the one that starts
+    it (a session fixture; under xdist each worker takes whole files and joins or starts the
+    shared cluster in the first it runs): its timeout grows by the longest that a start may
+    take."""
     from helpers.slurm_cluster import JOIN_BOUND_S
 
-    first = next((item for item in items if "slurm_env" in item.fixturenames), None)
-    if first is None or not config.pluginmanager.hasplugin("timeout"):
+    if not config.pluginmanager.hasplugin("timeout"):
         return  # without pytest-timeout (or with -p no:timeout) no test has a timeout
-    marker = first.get_closest_marker("timeout")
-    own = (marker.kwargs.get("timeout", marker.args[0] if marker.args else None)
-           if marker else None)
-    if own is None:
-        own = (config.getoption("timeout", None) or os.environ.get("PYTEST_TIMEOUT")
-               or config.getini("timeout"))
-    if own and float(own) > 0:  # 0: timeouts are off
-        first.add_marker(pytest.mark.timeout(float(own) + JOIN_BOUND_S))
+    firsts: dict[str, pytest.Item] = {}
+    for item in items:
+        if "slurm_env" in item.fixturenames:
+            firsts.setdefault(str(item.path), item)
+    for first in firsts.values():
+        marker = first.get_closest_marker("timeout")
+        own = (marker.kwargs.get("timeout", marker.args[0] if marker.args else None)
+               if marker else None)
+        if own is None:
+            own = (config.getoption("timeout", None) or os.environ.get("PYTEST_TIMEOUT")
+                   or config.getini("timeout"))
+        if own and float(own) > 0:  # 0: timeouts are off
+            first.add_marker(pytest.mark.timeout(float(own) + JOIN_BOUND_S))
 
 
 @pytest.fixture(autouse=True)
