@@ -15,6 +15,17 @@ def rft(*args, cwd):
                           capture_output=True, text=True, timeout=300)
 
 
+def refused_with_one_message(result, tmp_path, section, fragments):
+    """`result` is one message under `section` holding every fragment, exit 2, no
+    traceback, and no run directory or model was created."""
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert "Traceback" not in result.stdout + result.stderr
+    assert result.stderr.count(section) == 1, result.stderr
+    for fragment in fragments:
+        assert fragment in result.stderr, result.stderr
+    assert not (tmp_path / "runs").exists() and not (tmp_path / "model").exists()
+
+
 def _config(tmp_path, columns, keys):
     pq.write_table(pa.table(columns), tmp_path / "gsm8k.parquet")
     config = tmp_path / "exp.yaml"
@@ -39,13 +50,7 @@ CASES = {
 def test_bad_task_data_is_one_message_exit_2_and_nothing_starts(tmp_path, case, command):
     columns, keys, fragments = CASES[case]
     config = _config(tmp_path, columns, keys)
-    result = rft(*command, config, cwd=tmp_path)
-    assert result.returncode == 2, result.stdout + result.stderr
-    assert "Traceback" not in result.stdout + result.stderr
-    assert result.stderr.count("tasks:") == 1, result.stderr
-    for fragment in fragments:
-        assert fragment in result.stderr, result.stderr
-    assert not (tmp_path / "runs").exists() and not (tmp_path / "model").exists()
+    refused_with_one_message(rft(*command, config, cwd=tmp_path), tmp_path, "tasks:", fragments)
 
 
 def _offline_config(tmp_path, columns, data):
@@ -81,10 +86,4 @@ OFFLINE_CASES = {
 def test_bad_offline_data_is_one_message_exit_2_and_nothing_starts(tmp_path, case, command):
     columns, data, fragments = OFFLINE_CASES[case]
     config = _offline_config(tmp_path, columns, data)
-    result = rft(*command, config, cwd=tmp_path)
-    assert result.returncode == 2, result.stdout + result.stderr
-    assert "Traceback" not in result.stdout + result.stderr
-    assert result.stderr.count("data:") == 1, result.stderr
-    for fragment in fragments:
-        assert fragment in result.stderr, result.stderr
-    assert not (tmp_path / "runs").exists() and not (tmp_path / "model").exists()
+    refused_with_one_message(rft(*command, config, cwd=tmp_path), tmp_path, "data:", fragments)

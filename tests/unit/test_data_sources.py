@@ -8,6 +8,7 @@ import json
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from helpers.data_files import datasets_folder
 
 from rft_hpc.config.tasks import FileTasks
 from rft_hpc.core.errors import UserError
@@ -20,15 +21,6 @@ GSM8K = {"question": [f"What is {i} + {i}?" for i in range(6)],
 
 def _parquet(path, columns):
     pq.write_table(pa.table(columns), path)
-    return path
-
-
-def _datasets_folder(path, splits):
-    import datasets
-
-    datasets.disable_progress_bars()
-    datasets.DatasetDict({name: datasets.Dataset.from_dict(cols)
-                          for name, cols in splits.items()}).save_to_disk(str(path))
     return path
 
 
@@ -46,7 +38,7 @@ def test_parquet_with_gsm8k_columns_a_row_range_and_extra_columns_in_info(tmp_pa
 def test_a_datasets_folder_with_math_columns_and_two_splits(tmp_path):
     math = {"problem": ["Compute 1+1.", "Compute 2+2."], "solution": ["$\\boxed{2}$", "4"],
             "type": ["Algebra", "Prealgebra"]}
-    path = _datasets_folder(tmp_path / "math", {"train": math, "test": {
+    path = datasets_folder(tmp_path / "math", {"train": math, "test": {
         k: v[:1] for k, v in math.items()}})
     source = FileTasks(path=path, split="train", eval_split="test",
                        keys={"prompt": "problem", "answer": "solution"}, reward="exact_match")

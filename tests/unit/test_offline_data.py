@@ -10,6 +10,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from helpers.chat_models import chat_model
+from helpers.data_files import datasets_folder
 from transformers import AutoTokenizer
 
 from rft_hpc.buffer.offline import example_records
@@ -45,15 +46,6 @@ def _jsonl(path, rows):
     return path
 
 
-def _datasets_folder(path, splits):
-    import datasets
-
-    datasets.disable_progress_bars()
-    datasets.DatasetDict({name: datasets.Dataset.from_dict(cols)
-                          for name, cols in splits.items()}).save_to_disk(str(path))
-    return path
-
-
 def test_sft_parquet_with_mapped_columns_takes_a_row_range_and_keeps_other_columns(tmp_path):
     path = tmp_path / "expert.parquet"
     pq.write_table(pa.table({"q": [f"{i}+{i}=" for i in range(5)],
@@ -84,7 +76,7 @@ def test_a_datasets_folder_split_of_conversations(tmp_path):
              {"role": "assistant", "content": "Hello"}, {"role": "user", "content": "2+2?"},
              {"role": "assistant", "content": "4"}],
             [{"role": "user", "content": "Bye"}, {"role": "assistant", "content": "Bye!"}]]
-    path = _datasets_folder(tmp_path / "chats", {"train": {"conv": talk},
+    path = datasets_folder(tmp_path / "chats", {"train": {"conv": talk},
                                                  "test": {"conv": talk[:1]}})
     examples = _examples(_data(path=path, split="train", keys={"messages": "conv"}))
     assert [e.responses for e in examples] == [("4",), ("Bye!",)]
