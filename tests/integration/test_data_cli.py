@@ -26,12 +26,13 @@ def refused_with_one_message(result, tmp_path, section, fragments):
     assert not (tmp_path / "runs").exists() and not (tmp_path / "model").exists()
 
 
-def _config(tmp_path, columns, keys):
-    pq.write_table(pa.table(columns), tmp_path / "gsm8k.parquet")
+def _config(tmp_path, name, columns, body):
+    """A config over the Parquet file `name` holding `columns`; `body` is its sections
+    after run and model (YAML)."""
+    pq.write_table(pa.table(columns), tmp_path / name)
     config = tmp_path / "exp.yaml"
     config.write_text(f"run: {{name: bad, root: {tmp_path / 'runs'}}}\n"
-                      f"model: {{path: {tmp_path / 'model'}, init: tiny}}\n"
-                      f"tasks: {{type: file, path: gsm8k.parquet, keys: {keys}}}\n")
+                      f"model: {{path: {tmp_path / 'model'}, init: tiny}}\n" + body)
     return config
 
 
@@ -49,18 +50,9 @@ CASES = {
 @pytest.mark.parametrize("command", [["validate"], ["run"], ["submit"]])
 def test_bad_task_data_is_one_message_exit_2_and_nothing_starts(tmp_path, case, command):
     columns, keys, fragments = CASES[case]
-    config = _config(tmp_path, columns, keys)
+    config = _config(tmp_path, "gsm8k.parquet", columns,
+                     f"tasks: {{type: file, path: gsm8k.parquet, keys: {keys}}}\n")
     refused_with_one_message(rft(*command, config, cwd=tmp_path), tmp_path, "tasks:", fragments)
-
-
-def _offline_config(tmp_path, columns, data):
-    pq.write_table(pa.table(columns), tmp_path / "expert.parquet")
-    config = tmp_path / "exp.yaml"
-    config.write_text(f"run: {{name: bad, root: {tmp_path / 'runs'}}}\n"
-                      f"model: {{path: {tmp_path / 'model'}, init: tiny}}\n"
-                      "mode: train\nalgorithm: {algorithm_type: sft}\n"
-                      f"data: {{source: file, path: expert.parquet, {data}}}\n")
-    return config
 
 
 OFFLINE_CASES = {
@@ -85,5 +77,7 @@ OFFLINE_CASES = {
 @pytest.mark.parametrize("command", [["validate"], ["run"], ["submit"]])
 def test_bad_offline_data_is_one_message_exit_2_and_nothing_starts(tmp_path, case, command):
     columns, data, fragments = OFFLINE_CASES[case]
-    config = _offline_config(tmp_path, columns, data)
+    config = _config(tmp_path, "expert.parquet", columns,
+                     "mode: train\nalgorithm: {algorithm_type: sft}\n"
+                     f"data: {{source: file, path: expert.parquet, {data}}}\n")
     refused_with_one_message(rft(*command, config, cwd=tmp_path), tmp_path, "data:", fragments)
