@@ -155,11 +155,11 @@ def run_experiment(config: Path, cwd: Path, env: dict[str, str],
     except subprocess.TimeoutExpired:
         proc.kill()
         out, err = proc.communicate()
-    from rft_hpc.run.processes import alive
+    from rft_hpc.core.rundir import RunDir
+    from rft_hpc.run.processes import alive, read_processes
 
-    state = cwd / "runs" / "grpo" / "state" / "processes.json"
-    roles = json.loads(state.read_text()).get("roles", {}) if state.is_file() else {}
-    for role in roles.values():
+    record = read_processes(RunDir(cwd / "runs" / "grpo")) or {}
+    for role in record.get("roles", {}).values():
         if alive(role["pid"], role.get("token")):
             os.killpg(role["pid"], signal.SIGKILL)
     return subprocess.CompletedProcess(proc.args, None, out, err)  # type: ignore[arg-type]
