@@ -184,6 +184,13 @@ class TrainerConfig(TrainerBackendFields, ConfigSection):
     warmup_steps: int = Field(0, ge=0)
     """Steps of linear learning-rate warm-up from 0."""
 
+    lr_schedule: Literal["constant", "linear", "cosine"] = "constant"
+    """Learning rate after the warm-up: `constant` at `lr`, or a `linear` or `cosine` decay
+    from `lr` to `min_lr_ratio` x `lr` at the last of `steps`."""
+
+    min_lr_ratio: float = Field(0.0, ge=0.0, le=1.0)
+    """Floor of a decaying schedule, as a share of `lr`."""
+
     weight_decay: float = Field(0.0, ge=0.0)
     """AdamW weight decay."""
 

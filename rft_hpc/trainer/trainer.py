@@ -48,6 +48,7 @@ from rft_hpc.trainer.distributed import (
     broadcast_parameters,
     scatter_objects,
 )
+from rft_hpc.trainer.lr_schedule import build_scheduler
 from rft_hpc.trainer.micro import drop_oversized, pack, sub_shard
 from rft_hpc.trainer.prepare import BatchPreparer, collate_for, expert_rows, old_logprobs
 from rft_hpc.trainer.step_metrics import LocalMetrics, merge_metrics
@@ -104,9 +105,8 @@ class Trainer:
         self.backend.distribute()  # after the critic's copy: it stays a whole replica
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=tcfg.lr,
                                            weight_decay=tcfg.weight_decay)
-        warmup = tcfg.warmup_steps
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
-            self.optimizer, lambda s: min(1.0, (s + 1) / warmup) if warmup else 1.0)
+        self.scheduler = build_scheduler(self.optimizer, tcfg.steps, tcfg.warmup_steps,
+                                         tcfg.lr_schedule, tcfg.min_lr_ratio)
         self.pad_id = self.engine.pad_id
         rl = self.plan.is_rl
         self.temperature = (self.config.explorer.temperature or 1.0) if rl else 1.0
