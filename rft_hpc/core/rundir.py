@@ -103,6 +103,19 @@ def read_json(path: str | os.PathLike[str]) -> Any:
     return json.loads(Path(path).read_text(encoding="utf-8"))
 
 
+def write_jsonl(path: str | os.PathLike[str], rows: Any, *, durable: bool = False) -> None:
+    """`atomic_write_bytes` of one JSON object per line (a record of results, not state:
+    not fsynced unless `durable`)."""
+    atomic_write_text(path, "".join(json.dumps(r, sort_keys=True) + "\n" for r in rows),
+                      durable=durable)
+
+
+def read_jsonl(path: str | os.PathLike[str]) -> list[Any]:
+    """The rows of a file written by `write_jsonl`."""
+    return [json.loads(line) for line in Path(path).read_text(encoding="utf-8").splitlines()
+            if line.strip()]
+
+
 def weights_folder_name(version: int) -> str:
     """Name of the folder of published weights version `version` (`v000042`)."""
     return f"v{version:06d}"
@@ -223,6 +236,11 @@ class RunDir:
     def eval(self) -> Path:
         """`eval/`: the evaluator's results, one file per weights version."""
         return self.root / "eval"
+
+    def heldout_answers(self, version: int) -> Path:
+        """`eval/answers/v<NNNNNN>.jsonl`: the trainer's greedy answer to each held-out task
+        and its reward, when it scored weights version `version`."""
+        return self.eval / "answers" / f"{weights_folder_name(version)}.jsonl"
 
     @property
     def bench(self) -> Path:

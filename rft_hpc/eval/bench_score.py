@@ -53,11 +53,12 @@ def summarize(greedy: Sequence[float], samples: Sequence[Sequence[float]], k: in
 
 def score_tasks(engine: Any, tasks: Sequence[Task], *, k: int, n: int, temperature: float,
                 max_new_tokens: int, batch_size: int, seed: int,
-                answers: list[str] | None = None) -> dict[str, Any]:
+                answers: list[dict[str, Any]] | None = None) -> dict[str, Any]:
     """Greedy answers and `n` samples at `temperature` of every task (k = n = 0: greedy
     only), prompts in the engine's prompt format, scored by each task's own reward
-    (`reward_errors`: calls that raised, scored 0); `summarize`d. The greedy answers are
-    appended to `answers` when given."""
+    (`reward_errors`: calls that raised, scored 0); `summarize`d. Each task's greedy answer
+    is appended to `answers` when given, in task order, as `{"task_id", "answer",
+    "reward"}`."""
     if n < k:
         raise ValueError(f"pass@{k} needs at least {k} samples per task, not {n}")
     greedy: list[float] = []
@@ -82,7 +83,8 @@ def score_tasks(engine: Any, tasks: Sequence[Task], *, k: int, n: int, temperatu
         for task, one, group in zip(chunk, best, drawn, strict=True):
             greedy.append(score(task, one[0].text))
             if answers is not None:
-                answers.append(one[0].text)
+                answers.append({"task_id": task.task_id, "answer": one[0].text,
+                                "reward": greedy[-1]})
             if n:
                 samples.append([score(task, c.text) for c in group])
     return {**summarize(greedy, samples, k), "reward_errors": errors[0]}

@@ -26,7 +26,7 @@ from typing import Any
 
 from rft_hpc.buffer.reader import Batch, BufferReader
 from rft_hpc.config import ExperimentConfig
-from rft_hpc.core.rundir import RunDir
+from rft_hpc.core.rundir import RunDir, write_jsonl
 from rft_hpc.ledger.log import LedgerWriter, compact_refs
 from rft_hpc.monitor.metrics import MetricsWriter
 from rft_hpc.pipeline.filters import filter_batch
@@ -178,8 +178,12 @@ def _lead(trainer: Trainer, run: RunDir, stop: StopFlag, saved: TrainerState | N
         return trainer.full_state_dict()
 
     def accuracy() -> dict[str, float]:
-        """Held-out scores on the eval split (`eval_accuracy`, `eval_reward`, ...)."""
-        return trainer.evaluate(eval_tasks, weights() if trainer.sharded else None)
+        """Held-out scores on the eval split (`eval_accuracy`, `eval_reward`, ...); each
+        task's greedy answer and reward go to `eval/answers/` under the current step."""
+        answers: list[dict[str, Any]] = []
+        scores = trainer.evaluate(eval_tasks, weights() if trainer.sharded else None, answers)
+        write_jsonl(run.heldout_answers(step), answers)
+        return scores
 
     def set_accuracy() -> dict[str, float]:
         """Accuracy on each task set's eval split (`pipeline.tasksets`)."""

@@ -37,14 +37,13 @@ from helpers.export_checks import (
     check_export_answers_as_the_run,
     check_vllm_logprobs,
     final_eval,
-    greedy_answers,
 )
 from helpers.paths import ROOT
 from helpers.runs import rft
 
 from rft_hpc.config import load_config
+from rft_hpc.core.rundir import RunDir, read_jsonl
 from rft_hpc.engines.hf import HFEngine
-from rft_hpc.sync.checkpoint import load_weights
 from rft_hpc.tasks.math_reward import math_verify
 from rft_hpc.tasks.source import build_tasks
 
@@ -103,17 +102,18 @@ def workload(request, tmp_path_factory):
 
 
 def _correct(stage: Path, version: int) -> list[bool]:
-    """Whether each held-out task's greedy answer under weights `version` of `stage` scores
-    1 with math_verify; the accuracy is checked against the run's own evaluation."""
+    """Whether the run's greedy answer to each held-out task under weights `version` of
+    `stage` (eval/answers/, recorded by the trainer's evaluation) scores 1 with math_verify,
+    scored again here; their share is the run's own accuracy. That the recorded answers are
+    what those weights answer is check_export_answers_as_the_run's."""
     config = load_config(stage / "config.yaml")
     _, tasks = build_tasks(config.tasks, config.run.seed)
     assert len(tasks) == HELD_OUT and all(t.reward == "math_verify" for t in tasks)
-    engine = HFEngine(config.model.path, prompt=config.prompt)
-    engine.load_weights(load_weights(stage / "weights", version), version)
-    scores, answers = greedy_answers(engine, tasks, config.eval.max_new_tokens)
-    correct = [math_verify(t, a) >= 1.0 for t, a in zip(tasks, answers, strict=True)]
+    answers = read_jsonl(RunDir(stage).heldout_answers(version))
+    assert [a["task_id"] for a in answers] == [t.task_id for t in tasks]
+    correct = [math_verify(t, a["answer"]) >= 1.0 for t, a in zip(tasks, answers, strict=True)]
+    assert [a["reward"] >= 1.0 for a in answers] == correct
     assert sum(correct) / len(correct) == final_eval(stage)["eval_accuracy"]
-    assert scores["greedy_accuracy"] == final_eval(stage)["eval_accuracy"]
     return correct
 
 

@@ -21,10 +21,12 @@ def test_eval_uses_the_tasks_reward(tiny_model):
     exact = heldout_scores(engine, TASKS, settings, temperature=1.0, seed=0)
     assert exact["eval_accuracy"] == 0.0  # an untrained model: no exact answer
     answered = [replace(t, reward="helpers.rewards:answered") for t in TASKS]
-    answers: list[str] = []
+    answers: list[dict] = []
     scores = score_tasks(engine, answered, k=2, n=2, temperature=1.0, max_new_tokens=4,
                          batch_size=8, seed=0, answers=answers)
-    expected = sum(bool(a.strip()) for a in answers) / len(answers)
+    assert [a["task_id"] for a in answers] == [t.task_id for t in answered]
+    assert all(a["reward"] == float(bool(a["answer"].strip())) for a in answers)
+    expected = sum(bool(a["answer"].strip()) for a in answers) / len(answers)
     assert expected > 0 and scores["greedy_accuracy"] == expected
     own = heldout_scores(engine, answered, settings, temperature=1.0, seed=0)
     assert own["eval_accuracy"] == own["eval_reward"] == expected
