@@ -27,6 +27,7 @@ from typing import Any
 from rft_hpc.buffer.reader import Batch, BufferReader
 from rft_hpc.config import ExperimentConfig
 from rft_hpc.core.rundir import RunDir, write_jsonl
+from rft_hpc.eval.carry import carried_scores
 from rft_hpc.ledger.log import LedgerWriter, compact_refs
 from rft_hpc.monitor.metrics import MetricsWriter
 from rft_hpc.pipeline.filters import filter_batch
@@ -211,7 +212,8 @@ def _lead(trainer: Trainer, run: RunDir, stop: StopFlag, saved: TrainerState | N
     set_evals = taskset_eval_tasks(config)
     last_eval = last_saved = -1 if saved is None else step
     if step == 0 and eval_tasks:
-        metrics.log(0, {**accuracy(), **set_accuracy()})
+        carried = None if set_evals else carried_scores(config, run)
+        metrics.log(0, carried or {**accuracy(), **set_accuracy()})
         last_eval = 0
 
     # versions an evaluator scores later are published even in mode train, and never pruned

@@ -9,7 +9,9 @@ from helpers.export_checks import check_export_answers_as_the_run, check_vllm_lo
 from helpers.paths import DEMO
 from helpers.runs import rft, short
 
+from rft_hpc.core.rundir import RunDir, read_jsonl
 from rft_hpc.engines.hf import HFEngine
+from rft_hpc.monitor.metrics import read_metrics
 
 CHAT_RUN = ("--set", "prompt.format=chat", "--set", "prompt.system_prompt=Add.",
             "--set", "tasks.eval_size=16", "--set", "eval.k=2", "--set", "explorer.count=1",
@@ -57,3 +59,18 @@ def test_vllm_loads_the_export_and_agrees_on_logprobs(exported):
     _, out = exported
     hf = HFEngine(out)
     check_vllm_logprobs(out, [hf.encode(t) for t in ("12+34=46", "hello, world", "7*6=42")])
+
+
+def test_the_grpo_stage_starts_with_the_sft_stages_final_scores(exported):
+    stage, _ = exported
+    sft = stage.parent / "0-sft"
+    first = next(r for r in read_metrics(stage / "metrics" / "trainer.jsonl")
+                 if "eval_accuracy" in r)
+    last = final_eval(sft)
+    assert first["step"] == 0 and last["step"] == 4
+    assert {k: v for k, v in first.items() if k.startswith("eval_")} == \
+        {k: v for k, v in last.items() if k.startswith("eval_")}
+    assert read_jsonl(RunDir(stage).heldout_answers(0)) == \
+        read_jsonl(RunDir(sft).heldout_answers(4))
+    assert "held-out scores of the starting weights carried from 0-sft" in \
+        (stage / "jobs" / "trainer.log").read_text()
