@@ -299,6 +299,10 @@ def _lead(trainer: Trainer, run: RunDir, stop: StopFlag, saved: TrainerState | N
         if last_saved != step:
             save()
         done = step >= tcfg.steps or exhausted
+        if exhausted and step < tcfg.steps:
+            log.warning("no more data will come after step %d of %d: the stage ends %d steps "
+                        "short (offline data used up: more data or buffer.max_uses, or fewer "
+                        "trainer.steps)", step, tcfg.steps, tcfg.steps - step)
         if done:
             publisher.write_files(weights(), step)
             version = step

@@ -189,3 +189,21 @@ def test_a_run_interrupted_twice_ends_with_the_weights_of_an_uninterrupted_one(
     report = rft("audit", tmp_path / "twice", "--json")
     assert report.returncode == 0, report.stdout[-3000:]
     assert json.loads(report.stdout)["stages"][0]["trainer"]["restarts"] == 2
+
+
+def test_an_sft_stage_whose_data_runs_out_ends_short_with_a_warning(tmp_path, tiny_model):
+    data = tmp_path / "sft.jsonl"  # 20 samples, each used once: 2 batches of 10 for 5 steps
+    data.write_text("".join(json.dumps({"prompt": f"{a}+{a}=", "response": str(2 * a)}) + "\n"
+                            for a in range(10, 30)))
+    result = rft("run", DEMO, *short(tmp_path, tiny_model, "--set", "stages=[]",
+                                     "--set", "mode=train", "--set", "algorithm.algorithm_type=sft",
+                                     "--set", f"data={{source: jsonl, path: {data}, kind: sft}}",
+                                     "--set", "trainer.batch_size=10", "--set", "trainer.steps=5",
+                                     "--set", "buffer.max_uses=1"), timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    stage = tmp_path / "demo" / "stages" / "0-main"
+    trained = [r["step"] for r in read_metrics(stage / "metrics" / "trainer.jsonl") if "loss" in r]
+    assert trained == [1, 2]
+    log = (stage / "jobs" / "trainer.log").read_text()
+    assert "WARNING trainer" in log and "no more data will come after step 2 of 5" in log
+    assert "the stage ends 3 steps short" in log
