@@ -301,8 +301,9 @@ def _lead(trainer: Trainer, run: RunDir, stop: StopFlag, saved: TrainerState | N
         done = step >= tcfg.steps or exhausted
         if exhausted and step < tcfg.steps:
             log.warning("no more data will come after step %d of %d: the stage ends %d steps "
-                        "short (offline data used up: more data or buffer.max_uses, or fewer "
-                        "trainer.steps)", step, tcfg.steps, tcfg.steps - step)
+                        "short (the offline data is used up, see buffer.max_uses, or the "
+                        "explorers ended, see explorer.steps)", step, tcfg.steps,
+                        tcfg.steps - step)
         if done:
             publisher.write_files(weights(), step)
             version = step
