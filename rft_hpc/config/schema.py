@@ -34,6 +34,9 @@ from rft_hpc.core.config_section import ConfigSection
 
 Mode = Literal["both", "train", "explore", "bench"]
 
+LRSchedule = Literal["constant", "linear", "cosine"]
+"""Learning-rate schedules after the warm-up (rft_hpc.trainer.lr_schedule)."""
+
 _RUN_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 
 
@@ -184,7 +187,7 @@ class TrainerConfig(TrainerBackendFields, ConfigSection):
     warmup_steps: int = Field(0, ge=0)
     """Steps of linear learning-rate warm-up from 0."""
 
-    lr_schedule: Literal["constant", "linear", "cosine"] = "constant"
+    lr_schedule: LRSchedule = "constant"
     """Learning rate after the warm-up: `constant` at `lr`, or a `linear` or `cosine` decay
     from `lr` to `min_lr_ratio` x `lr` at the last of `steps`."""
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import os
 import secrets
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -103,7 +104,8 @@ def read_json(path: str | os.PathLike[str]) -> Any:
     return json.loads(Path(path).read_text(encoding="utf-8"))
 
 
-def write_jsonl(path: str | os.PathLike[str], rows: Any, *, durable: bool = False) -> None:
+def write_jsonl(path: str | os.PathLike[str], rows: Iterable[Any], *,
+                durable: bool = False) -> None:
     """`atomic_write_bytes` of one JSON object per line (a record of results, not state:
     not fsynced unless `durable`)."""
     atomic_write_text(path, "".join(json.dumps(r, sort_keys=True) + "\n" for r in rows),

@@ -4,10 +4,13 @@ to a floor over the rest of the trainer's steps (`trainer.lr_schedule`)."""
 from __future__ import annotations
 
 import math
+from typing import get_args
 
 import torch
 
-SCHEDULES = ("constant", "linear", "cosine")
+from rft_hpc.config.schema import LRSchedule
+
+SCHEDULES: tuple[str, ...] = get_args(LRSchedule)
 
 
 def lr_factor(step: int, total: int, warmup: int = 0, schedule: str = "constant",

@@ -130,17 +130,23 @@ def _zombie(pid):
         return True
 
 
-def test_offline_sft_from_a_jsonl_file(tmp_path, tiny_model):
+def offline_sft_run(tmp_path, tiny_model, operands, *extra):
+    """A one-stage offline SFT run of the demo on samples `a+a=` -> `2a` for `operands`,
+    from a JSONL file; its stage folder."""
     data = tmp_path / "sft.jsonl"
     data.write_text("".join(json.dumps({"prompt": f"{a}+{a}=", "response": str(2 * a)}) + "\n"
-                            for a in range(10, 60)))
+                            for a in operands))
     result = rft("run", DEMO, *short(tmp_path, tiny_model, "--set", "stages=[]",
                                      "--set", "mode=train", "--set", "algorithm.algorithm_type=sft",
                                      "--set", f"data={{source: jsonl, path: {data}, kind: sft}}",
-                                     "--set", "trainer.batch_size=16", "--set", "trainer.lr=1e-3",
-                                     "--set", "buffer.max_uses=3"), timeout=600)
+                                     *extra), timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
-    stage = tmp_path / "demo" / "stages" / "0-main"
+    return tmp_path / "demo" / "stages" / "0-main"
+
+
+def test_offline_sft_from_a_jsonl_file(tmp_path, tiny_model):
+    stage = offline_sft_run(tmp_path, tiny_model, range(10, 60), "--set", "trainer.batch_size=16",
+                            "--set", "trainer.lr=1e-3", "--set", "buffer.max_uses=3")
     losses = [r["loss"] for r in read_metrics(stage / "metrics" / "trainer.jsonl") if "loss" in r]
     assert len(losses) == 6 and losses[-1] < losses[0]
     assert (stage / "buffer" / "import-data" / "00000000.h5").exists()
@@ -192,16 +198,9 @@ def test_a_run_interrupted_twice_ends_with_the_weights_of_an_uninterrupted_one(
 
 
 def test_an_sft_stage_whose_data_runs_out_ends_short_with_a_warning(tmp_path, tiny_model):
-    data = tmp_path / "sft.jsonl"  # 20 samples, each used once: 2 batches of 10 for 5 steps
-    data.write_text("".join(json.dumps({"prompt": f"{a}+{a}=", "response": str(2 * a)}) + "\n"
-                            for a in range(10, 30)))
-    result = rft("run", DEMO, *short(tmp_path, tiny_model, "--set", "stages=[]",
-                                     "--set", "mode=train", "--set", "algorithm.algorithm_type=sft",
-                                     "--set", f"data={{source: jsonl, path: {data}, kind: sft}}",
-                                     "--set", "trainer.batch_size=10", "--set", "trainer.steps=5",
-                                     "--set", "buffer.max_uses=1"), timeout=600)
-    assert result.returncode == 0, result.stderr[-3000:]
-    stage = tmp_path / "demo" / "stages" / "0-main"
+    # 20 samples, each used once: 2 batches of 10 for 5 steps
+    stage = offline_sft_run(tmp_path, tiny_model, range(10, 30), "--set", "trainer.batch_size=10",
+                            "--set", "trainer.steps=5", "--set", "buffer.max_uses=1")
     trained = [r["step"] for r in read_metrics(stage / "metrics" / "trainer.jsonl") if "loss" in r]
     assert trained == [1, 2]
     log = (stage / "jobs" / "trainer.log").read_text()
