@@ -26,6 +26,8 @@ from helpers.slurm_runs import (
     wait_until,
 )
 
+WALLTIME_STEPS = 64
+
 
 def job_id(env: dict[str, str], run: Path, name: str) -> str:
     return next(j["id"] for j in status(env, run)["jobs"] if j["name"] == name)
@@ -86,15 +88,18 @@ def test_trainer_signals_killed_explorers_and_a_requeued_array_lose_nothing(
 @pytest.mark.timeout(1500)  # its own wait for the run is 1200 s
 def test_a_one_minute_time_limit_finishes_through_requeues(
         slurm_env: dict[str, str], tmp_path: Path, tiny_model: Path) -> None:
-    # Jobs of 1 minute for ~3 minutes of work (~3.5 minutes of steps on a quiet 2-core
-    # machine, more under load): each role stops before its limit and requeues itself.
+    # Jobs of 1 minute for ~2.5 minutes of work: each role stops before its limit and requeues
+    # itself. The work is mostly waiting (a reward that sleeps 0.1 s: 64 steps x 16 rollouts,
+    # ~100 s per explorer, 2 explorers one step ahead of the trainer), so the number of lives
+    # follows the clock, not the machine's speed, and the case costs few CPU-seconds (each
+    # life's start-up is most of them).
     run = submit(slurm_env, tmp_path, tiny_model, unique("walltime"),
-                 "--set", "trainer.steps=240", "--set", "explorer.max_new_tokens=16",
-                 "--set", "explorer.tasks_per_step=8", "--set", "trainer.batch_size=128",
+                 "--set", f"trainer.steps={WALLTIME_STEPS}",
+                 "--set", "tasks.reward=tests.helpers.rewards:slow_exact_match",
                  "--set", "launch.slurm.trainer.time=1", "--set", "launch.slurm.explorer.time=1",
                  "--set", "launch.slurm.signal_delay=10",
                  "--set", "launch.slurm.walltime_margin=10")
-    finished(slurm_env, run, timeout=1200, steps=240)
+    finished(slurm_env, run, timeout=1200, steps=WALLTIME_STEPS)
     stage = audit(slurm_env, run)
     assert stage["trainer"]["restarts"] >= 2, stage["trainer"]  # 3+ lives of <= 1 minute
     assert set(stage["trainer"]["causes"]) <= {"walltime", "requeue"}, stage["trainer"]
