@@ -1,7 +1,8 @@
 """`rft-hpc run`: every role of every stage as a separate local process.
 
-The roles are started exactly as a Slurm job starts them (`rft-hpc role ...` on a stage
-directory); only the launcher differs. Ctrl-C asks every role to stop at its next safe point
+The roles run the command line a Slurm job runs (`rft-hpc role ...` on a stage directory),
+forked from a fork server that has imported torch once (`run.forked`); only the launcher
+differs. Ctrl-C asks every role to stop at its next safe point
 (the trainer saves a checkpoint); running the same command again resumes: finished stages
 are skipped, explorers continue after their last committed step, the trainer from its
 checkpoint.
@@ -23,6 +24,7 @@ from rft_hpc.core.errors import UserError
 from rft_hpc.core.rundir import RunDir, atomic_write_json, read_json
 from rft_hpc.eval.results import result_path
 from rft_hpc.run.display import Display
+from rft_hpc.run.forked import ForkedProcess, forkable
 from rft_hpc.run.processes import ProcessRecord
 from rft_hpc.run.stages import (
     finish_stage,
@@ -46,7 +48,7 @@ class RoleProcess:
     """One running role, how it was started and where its output goes."""
 
     name: str
-    proc: subprocess.Popen[bytes]
+    proc: subprocess.Popen[bytes] | ForkedProcess
     log: Path
     cmd: list[str]
     threads: int
@@ -77,7 +79,9 @@ def _start(name: str, cmd: list[str], run: RunDir, threads: int,
     return role
 
 
-def _popen(cmd: list[str], log: Path, threads: int) -> subprocess.Popen[bytes]:
+def _popen(cmd: list[str], log: Path, threads: int) -> subprocess.Popen[bytes] | ForkedProcess:
+    if forkable(cmd):  # from the fork server that has imported torch once for every role
+        return ForkedProcess(cmd, role_env(threads), log)
     env = dict(os.environ, **role_env(threads))
     with log.open("ab") as out:
         # A session of its own: Ctrl-C reaches only the launcher, which asks roles to stop.
