@@ -40,6 +40,7 @@ class PolicyLossInputs:
     is_expert: torch.Tensor | None = None  # [B] bool: expert (SFT) rows of a MIX batch
     norm: LossNorm | None = None  # whole-batch divisors (of the RL rows, for MIX)
     expert_norm: LossNorm | None = None  # MIX: whole-batch divisors of the expert rows
+    weights: torch.Tensor | None = None  # [B, T] off-policy correction (`off_policy`), detached
 
     def need(self, name: str, *fields: str) -> list[torch.Tensor]:
         """The named fields, or a ValueError saying which one loss `name` is missing."""
@@ -55,7 +56,8 @@ class PolicyLossInputs:
             return None if t is None else t[keep]
         return PolicyLossInputs(logp=self.logp[keep], mask=self.mask[keep],
                                 old_logp=pick(self.old_logp), advantages=pick(self.advantages),
-                                ref_logp=pick(self.ref_logp), norm=norm)
+                                ref_logp=pick(self.ref_logp), norm=norm,
+                                weights=pick(self.weights))
 
 
 def ppo_policy_loss(inputs: PolicyLossInputs, *, clip_range: float = 0.2,
@@ -69,7 +71,9 @@ def ppo_policy_loss(inputs: PolicyLossInputs, *, clip_range: float = 0.2,
     `l = max(-A * ratio, -A * clip(ratio, 1 - clip_range_low, 1 + clip_range_high))`; the
     clip bounds default to `clip_range`. Dual clip (`clip_ratio_c` > 1, Trinity-RFT's
     default 3; None turns it off): where `A < 0`, `l = min(l, -A * clip_ratio_c)`, which
-    bounds the loss of a token whose ratio has grown huge. Aggregated by `loss_agg_mode`.
+    bounds the loss of a token whose ratio has grown huge. With `inputs.weights` (an
+    off-policy correction, `algorithms.off_policy`) each token's `l` is multiplied by its
+    weight. Aggregated by `loss_agg_mode`.
 
     Metrics: `clip_fraction` (tokens where the clipped term is taken, so their gradient is
     0), `clip_fraction_lower` (tokens capped by the dual clip), `ratio_mean`, `approx_kl`
@@ -96,6 +100,8 @@ def ppo_policy_loss(inputs: PolicyLossInputs, *, clip_range: float = 0.2,
             lower = (per_token > -adv * clip_ratio_c) & (adv < 0)
             metrics["clip_fraction_lower"] = masked_mean(lower.float(), mask)
         per_token = torch.where(adv < 0, capped, per_token)
+    if inputs.weights is not None:
+        per_token = per_token * inputs.weights.detach().to(per_token.dtype)
     loss = aggregate_loss(per_token, mask, loss_agg_mode, inputs.norm)
     with torch.no_grad():
         metrics.update(clip_fraction=masked_mean((clipped > unclipped).float(), mask),

@@ -43,6 +43,13 @@ class TokenBatch:
         return TokenBatch(**{name: None if t is None else t.to(device, non_blocking=non_blocking)
                              for name, t in moved.items()})
 
+    def select(self, rows: torch.Tensor) -> TokenBatch:
+        """The batch restricted to `rows` (an index tensor); itself when that is every row."""
+        if len(rows) == self.input_ids.shape[0]:
+            return self
+        picked = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        return TokenBatch(**{name: None if t is None else t[rows] for name, t in picked.items()})
+
 
 def collate(records: Sequence[Experience | SFTSample], pad_id: int = 0) -> TokenBatch:
     """Pad `records` to the longest one and build the shifted next-token tensors.

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from rft_hpc.core.config_section import ConfigSection
 
@@ -18,6 +18,47 @@ AlgorithmType = Literal["grpo", "ppo", "rloo", "reinforceplusplus", "opmd", "sft
 KLFn = Literal["none", "k1", "k2", "k3", "low_var_kl", "abs"]
 LossAggModeName = Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean",
                           "seq-mean-token-sum-norm"]
+
+
+class CorrectionConfig(ConfigSection):
+    """Off-policy correction of the policy loss between the explorer's recorded log-probs
+    and the trainer's log-probs of the same tokens under the weights the rollout was
+    generated for (`rft_hpc.algorithms.off_policy`, docs/algorithms.md). For losses that
+    take a ratio to the rollout policy (`ppo`, `mix`)."""
+
+    type: Literal["none", "tis", "mis", "icepop", "geo_mask"] = "none"
+    """`tis` truncated importance sampling, `mis` masked importance sampling, `icepop`
+    token masking outside `[low, high]`, `geo_mask` a mask of the rollouts whose
+    geometric-mean ratio lies outside `[low, high]`; `none`: off (the PPO ratio is then
+    taken against the recorded log-probs)."""
+
+    level: Literal["token", "sequence"] = "token"
+    """For `tis` and `mis`: a ratio per token, or one per rollout (the product of its
+    tokens' ratios)."""
+
+    cap: float = Field(2.0, gt=0.0)
+    """For `tis` and `mis`: the largest weight (`tis`) or ratio kept (`mis`)."""
+
+    low: float | None = Field(None, ge=0.0)
+    """For `icepop` and `geo_mask`: the smallest ratio kept; null: 0.5 (`icepop`), 0.99
+    (`geo_mask`)."""
+
+    high: float | None = Field(None, gt=0.0)
+    """For `icepop` and `geo_mask`: the largest ratio kept; null: 5.0 (`icepop`), 1.01
+    (`geo_mask`)."""
+
+    version_window: int | None = Field(None, ge=0)
+    """Versions of the trainer's own weights it keeps in host memory (a copy of the model
+    each) to compute the log-probs of rollouts generated with them; a rollout of an older
+    version (or one from before a restart) is computed with the current weights and counted
+    in `correction/unknown_version_records`. null: as many as a rollout can lag,
+    `buffer.max_staleness` when set, else `(sync.offset + 1) * sync.interval`."""
+
+    @model_validator(mode="after")
+    def _level_applies(self) -> CorrectionConfig:
+        if self.level == "sequence" and self.type not in ("tis", "mis"):
+            raise ValueError(f"level: sequence is for tis and mis; {self.type} has one level")
+        return self
 
 
 class AlgorithmConfig(ConfigSection):
@@ -72,6 +113,9 @@ class AlgorithmConfig(ConfigSection):
     loss_agg_mode: LossAggModeName = "token-mean"
     """How per-token losses become one number (policy, KL, entropy and value losses):
     `token-mean`, `seq-mean-token-sum`, `seq-mean-token-mean`, `seq-mean-token-sum-norm`."""
+
+    correction: CorrectionConfig = Field(default_factory=CorrectionConfig)
+    """Off-policy correction of the policy loss (asynchronous runs, engine mismatch)."""
 
     critic_lr: float | None = Field(None, gt=0.0)
     """Learning rate of the PPO critic (value head on a copy of the policy); null:

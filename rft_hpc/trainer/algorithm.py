@@ -8,9 +8,10 @@ trainer starts, not at its first step.
 from __future__ import annotations
 
 import inspect
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
+from rft_hpc.algorithms.off_policy import Correction
 from rft_hpc.algorithms.registry import resolve_advantage, resolve_policy_loss
 from rft_hpc.config import ExperimentConfig
 from rft_hpc.core.errors import UserError
@@ -50,6 +51,10 @@ class AlgorithmPlan:
     critic_lr: float | None = None
     """Set for algorithms with a critic (GAE advantages)."""
     cliprange_value: float | None = 0.5
+    correction: Correction = field(default_factory=Correction)
+    """Off-policy correction of the policy loss (`algorithms.off_policy`)."""
+    correction_window: int = 1
+    """Versions of its own weights the trainer keeps for the correction's log-probs."""
 
     @property
     def is_rl(self) -> bool:
@@ -96,13 +101,30 @@ class AlgorithmPlan:
             entropy = _coef(alg.entropy_loss_fn_args, "entropy_loss_fn_args", "entropy_coef",
                             DEFAULT_ENTROPY_COEF)
         critic = adv_name in ("ppo", "gae")
+        c = alg.correction
+        correction = Correction.of(c.type, c.level, c.cap, c.low, c.high)
+        if correction.on and (adv_name is None or loss_name in ("opmd", "sft", "dpo")):
+            raise UserError(f"algorithm.correction.type {c.type}: the {loss_name} loss takes "
+                            "no ratio to the rollout policy to correct (use ppo or mix, or "
+                            "correction.type none)")
         return cls(type=alg.algorithm_type, advantage_fn=adv_name, advantage_args=adv_args,
                    policy_loss_fn=loss_name, policy_loss_args=loss_args,
                    loss_agg_mode=alg.loss_agg_mode, kl_penalty=kl_penalty,
                    kl_penalty_coef=kl_penalty_coef, kl_loss=kl_loss, kl_loss_coef=kl_loss_coef,
                    entropy_coef=entropy,
                    critic_lr=(alg.critic_lr or config.trainer.lr) if critic else None,
-                   cliprange_value=alg.cliprange_value)
+                   cliprange_value=alg.cliprange_value, correction=correction,
+                   correction_window=_version_window(config))
+
+
+def _version_window(config: ExperimentConfig) -> int:
+    """`algorithm.correction.version_window`, or the most versions a rollout can lag."""
+    window = config.algorithm.correction.version_window
+    if window is not None:
+        return window
+    if config.buffer.max_staleness is not None:
+        return config.buffer.max_staleness
+    return (config.sync.offset + 1) * config.sync.interval
 
 
 def _parameters(fn: Any) -> dict[str, inspect.Parameter]:

@@ -16,6 +16,7 @@ import torch
 from rft_hpc.algorithms.advantages import AdvantageBatch
 from rft_hpc.algorithms.aggregation import LossNorm, masked_mean
 from rft_hpc.algorithms.kl import kl_reward_penalty
+from rft_hpc.algorithms.off_policy import correction_weights
 from rft_hpc.algorithms.registry import compute_advantages
 from rft_hpc.algorithms.value import ValueHeadModel
 from rft_hpc.batch.logprobs import token_logprobs
@@ -25,6 +26,7 @@ from rft_hpc.buffer.records import DPOPair, Experience, Record, SFTSample
 from rft_hpc.core.errors import UserError
 from rft_hpc.trainer.algorithm import AlgorithmPlan
 from rft_hpc.trainer.distributed import Shard, shard_batch
+from rft_hpc.trainer.versions import PolicyVersions
 
 
 def collate_for(plan: AlgorithmPlan, records: Sequence[Record], pad_id: int) -> TokenBatch:
@@ -76,10 +78,18 @@ class BatchPreparer:
                  temperature: float, pad_id: int, device: torch.device) -> None:
         self.plan, self.policy, self.reference, self.critic = plan, policy, reference, critic
         self.temperature, self.pad_id, self.device = temperature, pad_id, device
+        self.versions: PolicyVersions | None = None
+        """The trainer's recent weights, for the off-policy correction."""
+        if plan.correction.on:
+            if policy is None:
+                raise UserError("algorithm.correction needs the whole policy on rank 0: "
+                                "trainer.parallel ddp with trainer.backend torch")
+            self.versions = PolicyVersions(policy, plan.correction_window)
 
-    def shards(self, batch: Batch, world_size: int) -> list[Shard]:
+    def shards(self, batch: Batch, world_size: int, version: int | None = None) -> list[Shard]:
         """`batch` split into `world_size` shards, each with its rows of the whole-batch
-        tensors and the whole batch's divisors."""
+        tensors and the whole batch's divisors. `version`: that of the policy's weights now
+        (the trainer's steps so far), for the staleness metrics and the correction."""
         plan, records = self.plan, batch.records
         tb = collate_for(plan, records, self.pad_id)
         mask = tb.loss_mask
@@ -99,13 +109,40 @@ class BatchPreparer:
             adv, extra, metrics = self._advantages(tb, records, rl_rows)
             weights = torch.tensor(batch.weights, dtype=torch.float32)[rl_rows]
             advantages[rl_rows] = adv * weights.unsqueeze(1)
+            if version is not None:
+                metrics.update(staleness_metrics([records[i] for i in rl_rows.tolist()],
+                                                 version))
+            if self.versions is not None:
+                extra.update(self._correction(tb.select(rl_rows), records, rl_rows, version,
+                                              metrics))
             for name, t in extra.items():
                 rows[name] = torch.zeros(mask.shape, dtype=torch.float32)
                 rows[name][rl_rows] = t
+        if self.versions is not None and version is not None:
+            self.versions.remember(version)  # before this step changes the weights
         return shard_batch(batch, world_size, advantages=advantages, rows=rows,
                            num_tokens=num_tokens, norm=LossNorm.of(rl_mask),
                            expert_norm=LossNorm.of(mask[expert]) if bool(expert.any()) else None,
                            metrics=metrics)
+
+    def _correction(self, sub: TokenBatch, records: Sequence[Record], rl_rows: torch.Tensor,
+                    version: int | None, metrics: dict[str, float]) -> dict[str, torch.Tensor]:
+        """The trainer's log-probs of the rollout rows `sub` under the weights each was
+        generated with and their correction weights (`algorithms.off_policy`); adds the
+        correction's metrics to `metrics`."""
+        assert self.versions is not None
+        if version is None:  # no version known: every row under the current weights
+            versions, current = torch.full((len(rl_rows),), -1), -1
+        else:
+            versions = torch.tensor([getattr(records[i], "policy_version", version)
+                                     for i in rl_rows.tolist()])
+            current = version
+        old, fallback = self.versions.logprobs(sub, versions, current, self.temperature)
+        behaviour = old_logprobs(sub, old)  # rows imported without log-probs: no gap
+        weights, parts = correction_weights(old, behaviour, sub.loss_mask, self.plan.correction)
+        metrics.update(parts)
+        metrics["correction/unknown_version_records"] = float(fallback)
+        return {"correction_old_logp": old, "correction_weights": weights.float()}
 
     @torch.no_grad()
     def _advantages(self, tb: TokenBatch, records: Sequence[Record], rl_rows: torch.Tensor,
@@ -114,7 +151,7 @@ class BatchPreparer:
         returns) and whole-batch metrics."""
         plan = self.plan
         rewards, groups = _experience_view(tb, records, rl_rows)
-        sub = _rows(tb, rl_rows)
+        sub = tb.select(rl_rows)
         mask = sub.loss_mask
         metrics = {"reward_mean": float(rewards.float().mean())}
         fields: dict[str, torch.Tensor | None] = {}
@@ -146,17 +183,16 @@ class BatchPreparer:
         return adv, extra, metrics
 
 
-def _rows(tb: TokenBatch, rows: torch.Tensor) -> TokenBatch:
-    """The batch restricted to `rows` (an index tensor)."""
-    if len(rows) == tb.input_ids.shape[0]:
-        return tb
-
-    def pick(t: torch.Tensor | None) -> torch.Tensor | None:
-        return None if t is None else t[rows]
-    return TokenBatch(input_ids=tb.input_ids[rows], attention_mask=tb.attention_mask[rows],
-                      targets=tb.targets[rows], loss_mask=tb.loss_mask[rows],
-                      old_logprobs=tb.old_logprobs[rows], rewards=pick(tb.rewards),
-                      group_ids=pick(tb.group_ids), has_old_logprobs=pick(tb.has_old_logprobs))
+def staleness_metrics(records: Sequence[Record], version: int) -> dict[str, float]:
+    """How many versions behind `version` the rollouts were generated: `staleness/mean`,
+    `staleness/max` and the histogram, `staleness/<k>` the share of rollouts k behind."""
+    lags = np.array([max(0, version - getattr(r, "policy_version", version)) for r in records])
+    if not len(lags):
+        return {}
+    values, counts = np.unique(lags, return_counts=True)
+    return {"staleness/mean": float(lags.mean()), "staleness/max": float(lags.max()),
+            **{f"staleness/{v}": float(c) / len(lags) for v, c in zip(values, counts,
+                                                                       strict=True)}}
 
 
 def with_known_logprobs(tb: TokenBatch, records: Sequence[Record]) -> TokenBatch:

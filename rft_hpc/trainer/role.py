@@ -258,7 +258,7 @@ def _lead(trainer: Trainer, run: RunDir, stop: StopFlag, saved: TrainerState | N
             if len(kept):
                 followers.send("batch")
                 t2 = time.monotonic()
-                values = trainer.step(kept)
+                values = trainer.step(kept, version=step)
                 values["train_seconds"] = time.monotonic() - t2  # the step alone: tokens/s
             else:  # the filters dropped every record: this step changes no weights
                 values = {"filter/skipped_step": 1.0}

@@ -137,7 +137,7 @@ class Trainer:
             return {}
         return {"critic": self.critic, "critic_optimizer": self.critic_optimizer}
 
-    def step(self, batch: Batch | None) -> dict[str, float]:
+    def step(self, batch: Batch | None, version: int | None = None) -> dict[str, float]:
         """One optimizer step on `batch`; returns the step's metrics.
 
         With several ranks this is a collective that every rank calls: rank 0 with the
@@ -147,14 +147,16 @@ class Trainer:
         over the ranks; every rank takes the same optimizer step. The metrics, on every
         rank, are those of the whole batch. With `trainer.micro_batch_tokens`, records that
         alone exceed it are left out of the step (a warning, `skipped_sequences`).
+        `version` (rank 0): the version of the weights before this step, the trainer's steps
+        so far; it gives the staleness metrics and the off-policy correction's versions.
         """
         if self.dist.is_main:
             if batch is None:
                 raise ValueError("rank 0 (or a single-process trainer) needs a batch")
-            return self._step_shard(scatter_objects(self._shards(batch), self.dist))
+            return self._step_shard(scatter_objects(self._shards(batch, version), self.dist))
         return self._step_shard(scatter_objects(None, self.dist))
 
-    def _shards(self, batch: Batch) -> list[Shard]:
+    def _shards(self, batch: Batch, version: int | None) -> list[Shard]:
         """Rank 0: the batch, without records over the micro-batch budget, in shards."""
         budget = self.config.trainer.micro_batch_tokens
         batch, skipped = drop_oversized(batch, budget)
@@ -164,7 +166,7 @@ class Trainer:
         world = self.dist.world_size
         group = self.backend.model_parallel  # ranks that share one shard (a TP group)
         if batch.records:
-            shards = self.preparer.shards(batch, world // group)
+            shards = self.preparer.shards(batch, world // group, version)
         else:
             shards = [Shard(records=[], advantages=None, num_tokens=0, num_records=0,
                             dropped_stale=batch.dropped_stale) for _ in range(world // group)]
@@ -221,9 +223,12 @@ class Trainer:
                 ref = target_logprobs(self.reference(
                     input_ids=tb.input_ids, attention_mask=tb.attention_mask,
                     use_cache=False).logits, tb.targets, self.temperature)
+        weights = rows.get("correction_weights")
+        if weights is not None:  # the ratio to the trainer's own log-probs of that version
+            old = rows["correction_old_logp"]
         inputs = PolicyLossInputs(logp=logp, mask=mask, old_logp=old, advantages=adv,
                                   ref_logp=ref, is_expert=is_expert, norm=shard.norm,
-                                  expert_norm=shard.expert_norm)
+                                  expert_norm=shard.expert_norm, weights=weights)
         loss, parts = compute_policy_loss(plan.policy_loss_fn, inputs, **plan.policy_loss_args)
         out.add_parts(parts)
         agg = plan.loss_agg_mode
