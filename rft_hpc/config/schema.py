@@ -119,8 +119,24 @@ class ExplorerConfig(ConfigSection):
     """Explorer steps each explorer runs; null runs as many as the trainer consumes
     (trainer.steps x trainer.batch_size / (count x tasks_per_step x repeat))."""
 
-    threads: int = Field(1, ge=1)
-    """CPU threads of each explorer process (torch intra-op threads)."""
+    threads: int | None = Field(None, ge=1)
+    """CPU threads of each explorer process (torch intra-op threads); null: the cores of
+    its allocation. In a Slurm job, every CPU the job has; in `rft-hpc run`, where roles
+    share the machine, all of its cores when the roles take turns (`sync.offset: 0`), else
+    an even share (`runtime/placement.py`). The role's log says which."""
+
+    cpus: list[int] | None = None
+    """CPU cores (ids) each explorer process is pinned to (its CPU affinity), e.g. `[0]`;
+    with `threads` null it then uses one thread per core. null: not pinned (in a Slurm job
+    the job's CPUs)."""
+
+    steps_in_flight: int | None = Field(None, ge=1)
+    """Explorer steps whose requests may be in flight together (single-turn workflow): the
+    explorer submits step s + 1 while step s is still generating or being scored, and
+    commits each step, in order, once its last group is scored (docs/streaming.md). null:
+    `sync.offset + 1`, as far ahead as the weights rule lets it run (1 when the pipeline
+    selects tasks by pass rate, which needs each step's results before the next step's
+    tasks)."""
 
     workflow: WorkflowConfig = Field(default_factory=SingleTurnWorkflow)
     """How a task becomes rollouts: `single_turn` (prompt -> response -> reward) or
@@ -197,8 +213,12 @@ class TrainerConfig(TrainerBackendFields, ConfigSection):
     weight_decay: float = Field(0.0, ge=0.0)
     """AdamW weight decay."""
 
-    threads: int = Field(1, ge=1)
-    """CPU threads of the trainer process (torch intra-op threads)."""
+    threads: int | None = Field(None, ge=1)
+    """CPU threads of the trainer process (torch intra-op threads); null: the cores of its
+    allocation, shared as for `explorer.threads`."""
+
+    cpus: list[int] | None = None
+    """CPU cores (ids) the trainer process (each rank) is pinned to, as `explorer.cpus`."""
 
 
 class EvalConfig(ConfigSection):

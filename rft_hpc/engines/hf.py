@@ -6,33 +6,19 @@ Log-probs are those of the sampling distribution: raw logits divided by the temp
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from rft_hpc.config.prompt import PromptConfig
+from rft_hpc.engines.requests import Completion, FinishedGroup, GroupRequest
 from rft_hpc.tasks.prompts import prompt_ids, stop_token_ids, truncate_at_stop
 from rft_hpc.tasks.task import Task
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-
-
-@dataclass
-class Completion:
-    """One sampled response."""
-
-    tokens: list[int]
-    """Response token ids, ending with the stop token (EOS, end of turn) when the model
-    finished."""
-    logprobs: list[float]
-    """Log-prob of each response token under the sampling distribution."""
-    text: str
-    """The response decoded without special tokens."""
-    finished: bool
-    """True when the model emitted a stop token within the token budget."""
 
 
 def model_dtype(setting: str, device: str | torch.device | None = None) -> torch.dtype:
@@ -81,6 +67,7 @@ class HFEngine:
             else self.eos_id
         self.version = 0
         """Version of the weights loaded (0 = the initial model)."""
+        self._batches: deque[list[GroupRequest]] = deque()
 
     def load_weights(self, state_dict: Mapping[str, torch.Tensor], version: int) -> None:
         """Replace the model's weights in place with a published state dict (copied: the
@@ -109,6 +96,29 @@ class HFEngine:
             return self._generate(prompts, n, max_new_tokens, temperature, seed)
         finally:
             self.model.train(was_training)
+
+    def submit(self, requests: Sequence[GroupRequest]) -> None:
+        """Queue a batch of group requests (`engines.requests`); `poll` serves it."""
+        if requests:
+            self._batches.append(list(requests))
+
+    @property
+    def in_flight(self) -> int:
+        """Group requests submitted and not yet returned by `poll`."""
+        return sum(len(b) for b in self._batches)
+
+    def poll(self) -> list[FinishedGroup]:
+        """Generate the oldest submitted batch (one `generate` call with its first request's
+        seed; its requests must share n, token budget and temperature) and return its
+        groups; [] when nothing is queued."""
+        if not self._batches:
+            return []
+        batch = self._batches.popleft()
+        first = batch[0]
+        groups = self.generate([r.prompt for r in batch], n=first.n,
+                               max_new_tokens=first.max_new_tokens,
+                               temperature=first.temperature, seed=first.seed)
+        return [FinishedGroup(r.key, g) for r, g in zip(batch, groups, strict=True)]
 
     def _generate(self, prompts: Sequence[Sequence[int]], n: int, max_new_tokens: int,
                   temperature: float, seed: int) -> list[list[Completion]]:
@@ -140,4 +150,5 @@ class HFEngine:
     def _completion(self, tokens: torch.Tensor, logp: torch.Tensor) -> Completion:
         toks, finished = truncate_at_stop(tokens.tolist(), self.stop_ids)
         text = self.tokenizer.decode(toks, skip_special_tokens=True)
-        return Completion(toks, logp[:len(toks)].tolist(), text, finished)
+        return Completion(toks, logp[:len(toks)].tolist(), text, finished,
+                          versions=[(self.version, 0)])

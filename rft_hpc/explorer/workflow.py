@@ -17,7 +17,8 @@ import numpy as np
 
 from rft_hpc.buffer.records import Experience
 from rft_hpc.core.errors import UserError
-from rft_hpc.engines.hf import Completion, HFEngine
+from rft_hpc.engines.hf import HFEngine
+from rft_hpc.engines.requests import Completion
 from rft_hpc.tasks.reward_pool import RewardCall, RewardOutcome, score_inline
 from rft_hpc.tasks.task import Task
 
@@ -40,8 +41,17 @@ class SamplingSettings:
 def completion_to_experience(task: Task, prompt: Sequence[int], completion: Completion, *,
                              reward: float, group_id: int, version: int,
                              step: int) -> Experience:
-    """One rollout as a buffer record: mask and log-probs cover the response tokens only."""
+    """One rollout as a buffer record: mask and log-probs cover the response tokens only.
+
+    Its `policy_version` is that of its first response token when the engine recorded it
+    (`Completion.versions`), else `version`; a rollout whose tokens span several versions
+    says so in `info`: `last_version`, and `version_spans`, `[version, first token]` pairs
+    counted from the first response token."""
     n_prompt, n_resp = len(prompt), len(completion.tokens)
+    spans = completion.versions
+    info: dict = {"response": completion.text, "finished": completion.finished}
+    if len(spans) > 1:
+        info.update(last_version=spans[-1][0], version_spans=[list(x) for x in spans])
     return Experience(
         tokens=np.asarray([*prompt, *completion.tokens], dtype=np.int32),
         prompt_length=n_prompt,
@@ -49,8 +59,8 @@ def completion_to_experience(task: Task, prompt: Sequence[int], completion: Comp
         logprobs=np.r_[np.zeros(n_prompt, np.float32),
                        np.asarray(completion.logprobs, np.float32)],
         reward=reward, task_id=task.task_id, group_id=group_id, taskset=task.taskset,
-        policy_version=version, step=step,
-        info={"response": completion.text, "finished": completion.finished})
+        policy_version=version if completion.first_version is None else
+        completion.first_version, step=step, info=info)
 
 
 def explore_tasks(engine: HFEngine, tasks: Sequence[Task], settings: SamplingSettings, *,
@@ -69,11 +79,30 @@ def explore_tasks(engine: HFEngine, tasks: Sequence[Task], settings: SamplingSet
     groups = engine.generate(prompts, n=settings.repeat, max_new_tokens=settings.max_new_tokens,
                              temperature=settings.temperature, seed=seed)
     generate_seconds = time.monotonic() - t0
-    calls = [(task, c.text) for task, completions in zip(tasks, groups, strict=True)
-             for c in completions]
     t0 = time.monotonic()
-    outcomes = iter(score(calls))
-    seconds = time.monotonic() - t0
+    outcomes = score(reward_calls(tasks, groups))
+    experiences, metrics = scored_experiences(tasks, prompts, groups, outcomes,
+                                              first_group_id=first_group_id, step=step,
+                                              version=engine.version)
+    metrics.update(reward_seconds=time.monotonic() - t0, generate_seconds=generate_seconds)
+    return experiences, metrics
+
+
+def reward_calls(tasks: Sequence[Task], groups: Sequence[Sequence[Completion]],
+                 ) -> list[RewardCall]:
+    """One reward call per completion, task by task."""
+    return [(task, c.text) for task, completions in zip(tasks, groups, strict=True)
+            for c in completions]
+
+
+def scored_experiences(tasks: Sequence[Task], prompts: Sequence[Sequence[int]],
+                       groups: Sequence[Sequence[Completion]], outcomes: Sequence[RewardOutcome],
+                       *, first_group_id: int, step: int, version: int,
+                       ) -> tuple[list[Experience], dict[str, float]]:
+    """The records of a step's scored groups (`outcomes` in `reward_calls` order; a failed
+    call scores 0, is logged with its task and marked in the record) and the step's reward
+    metrics (`explore_tasks`)."""
+    outcomes = iter(outcomes)
     experiences: list[Experience] = []
     errors = timeouts = 0
     for j, (task, prompt, completions) in enumerate(zip(tasks, prompts, groups, strict=True)):
@@ -81,7 +110,7 @@ def explore_tasks(engine: HFEngine, tasks: Sequence[Task], settings: SamplingSet
             outcome = next(outcomes)
             experience = completion_to_experience(
                 task, prompt, completion, reward=outcome.score, group_id=first_group_id + j,
-                version=engine.version, step=step)
+                version=version, step=step)
             if outcome.failed:
                 why = outcome.error if outcome.timed_out else f"raised {outcome.error}"
                 log.warning("reward %s on task %s (rollout %d): %s; scored 0", task.reward,
@@ -91,15 +120,14 @@ def explore_tasks(engine: HFEngine, tasks: Sequence[Task], settings: SamplingSet
                 timeouts += outcome.timed_out
             experiences.append(experience)
     rewards = np.array([e.reward for e in experiences], dtype=np.float64)
-    group_std = rewards.reshape(len(tasks), settings.repeat).std(axis=1)
+    group_std = rewards.reshape(len(tasks), -1).std(axis=1)
     lengths = [len(e.tokens) - e.prompt_length for e in experiences]
     metrics = {"reward_mean": float(rewards.mean()), "reward_std": float(rewards.std()),
                "groups_all_equal": float(np.mean(group_std == 0)),
                "response_length": float(np.mean(lengths)),
                "finished": float(np.mean([e.info["finished"] for e in experiences])),
                "reward_errors": float(errors), "reward_timeouts": float(timeouts),
-               "reward_seconds": seconds, "generated_tokens": float(sum(lengths)),
-               "generate_seconds": generate_seconds}
+               "generated_tokens": float(sum(lengths))}
     return experiences, metrics
 
 

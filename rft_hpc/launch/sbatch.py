@@ -116,7 +116,7 @@ def shell_command(argv: list[str]) -> str:
 
 
 def render_script(ctx: JobContext, settings: SlurmRoleConfig, *, key: str, title: str,
-                  job_name: str, log: Path, command: list[str], threads: int,
+                  job_name: str, log: Path, command: list[str], threads: int | None,
                   state: Path | None = None,
                   env: dict[str, str] | None = None, array: str | None = None,
                   record: str | None = None, srun_options: tuple[str, ...] = (),
@@ -198,7 +198,7 @@ fi
 """
 
 
-def role_job(ctx: JobContext, role: str, stage_run: RunDir, stage: str, *, threads: int,
+def role_job(ctx: JobContext, role: str, stage_run: RunDir, stage: str, *, threads: int | None,
              count: int = 1, after: tuple[str, ...] = (), mpi: bool = False,
              with_trainer: bool = False) -> Job:
     """The explorer array, the evaluator array (`count` tasks each) or the trainer job of
@@ -234,7 +234,7 @@ def role_job(ctx: JobContext, role: str, stage_run: RunDir, stage: str, *, threa
                (stage_run.log("trainer"),))
 
 
-def bench_stage_job(ctx: JobContext, stage_run: RunDir, stage: str, *, threads: int,
+def bench_stage_job(ctx: JobContext, stage_run: RunDir, stage: str, *, threads: int | None,
                     after: tuple[str, ...]) -> Job:
     """The job of a stage in mode bench (`launch.slurm.evaluator` settings): one job, as the
     checkpoints to score exist only once the stages before have run; its bench tasks run

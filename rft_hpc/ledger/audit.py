@@ -342,11 +342,16 @@ def _explorer_segments(name: str, history: History, scan: BufferScan, versions: 
         if seg.versions is None:
             continue
         for step in sorted(step_counts):
-            said = ledger.get(step, {}).get("version")
+            entry = ledger.get(step, {})
+            said = entry.get("version")
+            if said is None:
+                continue
             found = sorted(set(seg.versions[seg.steps == step].tolist()))
-            if said is not None and found != [int(said)]:
+            last = int(entry.get("last_version", said))  # a streamed step may span versions
+            if found[0] != int(said) or found[-1] > last:
+                span = f"{said}" if last == int(said) else f"{said}..{last}"
                 versions.append(f"{name} step {step}: buffer records have policy_version "
-                                f"{', '.join(map(str, found))}, the ledger says {said}")
+                                f"{', '.join(map(str, found))}, the ledger says {span}")
     return len(set(ledger) - committed)
 
 

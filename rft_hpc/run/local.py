@@ -35,6 +35,7 @@ from rft_hpc.run.stages import (
 from rft_hpc.run.summary import write_report, write_summary
 from rft_hpc.runtime.command import role_command, role_env
 from rft_hpc.runtime.lifecycle import REQUEUE_EXIT
+from rft_hpc.runtime.placement import available_cores, local_threads
 
 STOP_GRACE_SECONDS = 60.0
 
@@ -81,8 +82,8 @@ def _start(name: str, cmd: list[str], run: RunDir, threads: int,
 
 def _popen(cmd: list[str], log: Path, threads: int) -> subprocess.Popen[bytes] | ForkedProcess:
     if forkable(cmd):  # from the fork server that has imported torch once for every role
-        return ForkedProcess(cmd, role_env(threads), log)
-    env = dict(os.environ, **role_env(threads))
+        return ForkedProcess(cmd, role_env(threads, shared=True), log)
+    env = dict(os.environ, **role_env(threads, shared=True))
     with log.open("ab") as out:
         # A session of its own: Ctrl-C reaches only the launcher, which asks roles to stop.
         return subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env,
@@ -92,18 +93,19 @@ def _popen(cmd: list[str], log: Path, threads: int) -> subprocess.Popen[bytes] |
 def _roles(config: ExperimentConfig, run: RunDir, record: ProcessRecord) -> list[RoleProcess]:
     # sync.method mpi: each role an MPI program of its own, as srun --mpi makes it in a job
     launcher = mpi_launcher() if config.sync.method == "mpi" else []
+    threads = local_threads(config)  # the roles share this machine's cores
     procs = []
     if config.mode == "bench":
         procs.append(_start("bench", role_command("bench-stage", run.root), run,
-                            config.trainer.threads, record))
+                            threads["trainer"], record))
     if config.mode in ("both", "train"):
         procs.append(_start("trainer", [*launcher, *role_command("trainer", run.root)], run,
-                            config.trainer.threads, record))
+                            threads["trainer"], record))
     if config.mode in ("both", "explore"):
         for i in range(config.explorer.count):
             procs.append(_start(f"explorer-{i}",
                                 [*launcher, *role_command("explorer", run.root, i)], run,
-                                config.explorer.threads, record))
+                                threads["explorer"], record))
     return procs
 
 
@@ -123,8 +125,9 @@ def _evaluate(config: ExperimentConfig, run: RunDir, title: str, live: bool | No
     todo = [i for i, v in enumerate(versions) if not result_path(run, v).exists()]
     if not todo:
         return
+    share = config.trainer.threads or max(1, available_cores() // len(todo))
     procs = [_start(f"evaluator-{i}", role_command("evaluator", run.root, i), run,
-                    config.trainer.threads, record) for i in todo]
+                    share, record) for i in todo]
     with Display(config, run, title, live=live, roles=[p.name for p in procs]) as display:
         _supervise(procs, display)
 

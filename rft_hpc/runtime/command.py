@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 from rft_hpc.runtime.logs import LOG_LEVEL_ENV, log_level
+from rft_hpc.runtime.placement import THREADS_ENV
 
 
 def role_command(role: str, folder: Path, index: int | str | None = None, *,
@@ -20,11 +21,16 @@ def role_command(role: str, folder: Path, index: int | str | None = None, *,
     return cmd + (["--index", str(index)] if index is not None else [])
 
 
-def role_env(threads: int) -> dict[str, str]:
+def role_env(threads: int | None, *, shared: bool = False) -> dict[str, str]:
     """Environment variables every role process gets (locally and in Slurm jobs), with
-    the log level (`--log-level`) when one was set."""
-    env = {"OMP_NUM_THREADS": str(threads), "TOKENIZERS_PARALLELISM": "false",
-           "PYTHONUNBUFFERED": "1"}
+    the log level (`--log-level`) when one was set. `threads`: the role's CPU threads, None
+    to let the role take its allocation's cores; `shared`: they are its share of a machine
+    that roles share (`runtime.placement`)."""
+    env = {"TOKENIZERS_PARALLELISM": "false", "PYTHONUNBUFFERED": "1"}
+    if threads is not None:
+        env["OMP_NUM_THREADS"] = str(threads)
+        if shared:
+            env[THREADS_ENV] = str(threads)
     if os.environ.get(LOG_LEVEL_ENV):
         env[LOG_LEVEL_ENV] = log_level()  # checked: a bad value fails here, not in a job
     return env

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import time
@@ -13,6 +14,7 @@ import yaml
 from rft_hpc.config import ExperimentConfig, load_config
 from rft_hpc.core.rundir import RunDir, atomic_write_json, atomic_write_text, read_json
 from rft_hpc.runtime.lifecycle import RequeueRequested
+from rft_hpc.runtime.placement import role_threads
 from rft_hpc.runtime.signals import STOP_SIGNALS, take_early
 
 
@@ -89,8 +91,13 @@ def role_status(run: RunDir, role: str) -> str | None:
         return None
 
 
-def set_threads(threads: int) -> None:
-    """Limit torch's CPU threads (roles share a few cores in local runs)."""
+def set_threads(setting: int | None, cpus: list[int] | None = None) -> int:
+    """Pin the role to `cpus` when given and set torch's CPU threads to `setting`, or when
+    None to what fits the role's place (`runtime.placement.role_threads`); logs the number
+    and why, and returns it."""
     import torch
 
+    threads, why = role_threads(setting, cpus)
     torch.set_num_threads(threads)
+    logging.getLogger(__name__).info("%d CPU threads (%s)", threads, why)
+    return threads

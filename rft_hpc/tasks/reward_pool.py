@@ -109,16 +109,17 @@ class _Worker:
         self.proc.start()
         child.close()
         self.ready = False
-        self.busy: int | None = None
+        self.busy: tuple[Scoring, int] | None = None
+        """The call it is scoring: (its batch, its index there)."""
         self.deadline = time.monotonic() + START_SECONDS
 
-    def send(self, index: int, call: RewardCall, timeout: float) -> bool:
-        """Start scoring `call`; False when the worker is gone."""
+    def send(self, busy: tuple[Scoring, int], call: RewardCall, timeout: float) -> bool:
+        """Start scoring `call` (`busy`: its batch and index); False when the worker is gone."""
         try:
-            self.conn.send((index, *call))
+            self.conn.send((busy[1], *call))
         except (OSError, ValueError):
             return False
-        self.busy, self.deadline = index, time.monotonic() + timeout
+        self.busy, self.deadline = busy, time.monotonic() + timeout
         return True
 
     def close(self, kill: bool = False) -> None:
@@ -133,8 +134,40 @@ class _Worker:
         self.conn.close()
 
 
+class Scoring:
+    """The outcomes of one batch of reward calls handed to `RewardPool.submit`, filled in
+    as the workers finish them."""
+
+    def __init__(self, calls: Sequence[RewardCall]) -> None:
+        self.calls = list(calls)
+        self.outcomes: list[RewardOutcome | None] = [None] * len(self.calls)
+        self.left = len(self.calls)
+
+    @property
+    def done(self) -> bool:
+        """Whether every call has its outcome."""
+        return self.left == 0
+
+    def put(self, index: int, outcome: RewardOutcome) -> None:
+        """Record call `index`'s outcome."""
+        if self.outcomes[index] is None:
+            self.left -= 1
+        self.outcomes[index] = outcome
+
+    def result(self) -> list[RewardOutcome]:
+        """Each call's outcome, in the order of the calls (only once `done`)."""
+        if not self.done:
+            raise RuntimeError("the reward calls are still being scored")
+        return [o for o in self.outcomes if o is not None]
+
+
 class RewardPool:
-    """`workers` reward worker processes; `score` bounds every call by `timeout` seconds."""
+    """`workers` reward worker processes; every call is bounded by `timeout` seconds.
+
+    `score(calls)` waits for a batch's outcomes; `submit(calls)` hands a batch over and
+    returns at once, and `pump()` moves the submitted batches on (the streaming explorer
+    calls it between engine steps). Calls are scored in submission order.
+    """
 
     def __init__(self, workers: int = 1, timeout: float = 10.0) -> None:
         if workers < 1 or timeout <= 0:
@@ -143,57 +176,79 @@ class RewardPool:
         self.restarts = 0
         """Workers replaced so far (killed after a timeout, or died)."""
         self._workers = [_Worker() for _ in range(workers)]  # they start while we go on
+        self._todo: deque[tuple[Scoring, int]] = deque()
 
     def score(self, calls: Sequence[RewardCall]) -> list[RewardOutcome]:
         """Each call's outcome, in the order of `calls` (the same whatever the number of
         workers). Raises `RuntimeError` only when a worker cannot even start."""
-        outcomes: list[RewardOutcome | None] = [None] * len(calls)
-        todo = deque(range(len(calls)))
-        while todo or any(w.busy is not None for w in self._workers):
-            for w in list(self._workers):
-                if w.ready and w.busy is None and todo:
-                    index = todo.popleft()
-                    if not w.send(index, calls[index], self.timeout):
-                        todo.appendleft(index)  # the worker died idle: not the call's fault
-                        self._replace(w)
-            waiting = [w for w in self._workers if w.busy is not None or not w.ready]
-            if not waiting:
-                continue
-            left = min(w.deadline for w in waiting) - time.monotonic()
-            readable = set(wait([w.conn for w in waiting], timeout=max(left, 0.0)))
-            for w in waiting:
-                if w.conn in readable:
-                    self._receive(w, outcomes)
-                elif time.monotonic() >= w.deadline:
-                    self._overran(w, outcomes)
-        return [o if o is not None else RewardOutcome(error="not scored") for o in outcomes]
+        scoring = self.submit(calls)
+        while not scoring.done:
+            self.pump(timeout=None)
+        return scoring.result()
 
-    def _receive(self, w: _Worker, outcomes: list[RewardOutcome | None]) -> None:
+    def submit(self, calls: Sequence[RewardCall]) -> Scoring:
+        """Queue `calls` for scoring and return their `Scoring` at once."""
+        scoring = Scoring(calls)
+        self._todo.extend((scoring, i) for i in range(len(scoring.calls)))
+        self.pump(timeout=0.0)
+        return scoring
+
+    @property
+    def busy(self) -> bool:
+        """Whether calls are queued or being scored."""
+        return bool(self._todo) or any(w.busy is not None for w in self._workers)
+
+    def pump(self, timeout: float | None = 0.0) -> None:
+        """Start queued calls on idle workers, then wait up to `timeout` seconds (None: until
+        something happens) for results, timeouts and started workers, and take them in."""
+        for w in list(self._workers):
+            if w.ready and w.busy is None and self._todo:
+                scoring, index = self._todo.popleft()
+                if not w.send((scoring, index), scoring.calls[index], self.timeout):
+                    self._todo.appendleft((scoring, index))  # died idle: not the call's fault
+                    self._replace(w)
+        waiting = [w for w in self._workers if w.busy is not None or not w.ready]
+        if not waiting:
+            return
+        left = min(w.deadline for w in waiting) - time.monotonic()
+        if timeout is not None:
+            left = min(left, timeout)
+        readable = set(wait([w.conn for w in waiting], timeout=max(left, 0.0)))
+        for w in waiting:
+            if w.conn in readable:
+                self._receive(w)
+            elif time.monotonic() >= w.deadline:
+                self._overran(w)
+
+    def _receive(self, w: _Worker) -> None:
         try:
-            index, status, value = w.conn.recv()
+            _, status, value = w.conn.recv()
         except (EOFError, OSError):
             w.proc.join(1.0)
             code = w.proc.exitcode
             if w.busy is None:
                 self._check_started(w, f"it died (exit code {code})")
             else:
-                outcomes[w.busy] = RewardOutcome(
-                    error=f"the reward's process died (exit code {code})")
+                self._finish(w, RewardOutcome(
+                    error=f"the reward's process died (exit code {code})"))
             self._replace(w)
             return
         if status == "ready":
             w.ready = True
         else:
-            outcomes[index] = (RewardOutcome(float(value)) if status == "ok"
-                               else RewardOutcome(error=str(value)))
-            w.busy = None
+            self._finish(w, RewardOutcome(float(value)) if status == "ok"
+                         else RewardOutcome(error=str(value)))
 
-    def _overran(self, w: _Worker, outcomes: list[RewardOutcome | None]) -> None:
+    def _finish(self, w: _Worker, outcome: RewardOutcome) -> None:
+        scoring, index = w.busy  # type: ignore[misc]
+        scoring.put(index, outcome)
+        w.busy = None
+
+    def _overran(self, w: _Worker) -> None:
         if w.busy is None:
             self._check_started(w, f"it did not start within {START_SECONDS:.0f} s")
-        outcomes[w.busy] = RewardOutcome(  # type: ignore[index]
-            error=f"timed out (no result within {self.timeout:g} s)",
-            timed_out=True)
+        self._finish(w, RewardOutcome(error=f"timed out (no result within {self.timeout:g} s)",
+                                      timed_out=True))
         self._replace(w)
 
     def _check_started(self, w: _Worker, why: str) -> None:

@@ -134,8 +134,8 @@ class BatchPreparer:
         if version is None:  # no version known: every row under the current weights
             versions, current = torch.full((len(rl_rows),), -1), -1
         else:
-            versions = torch.tensor([getattr(records[i], "policy_version", version)
-                                     for i in rl_rows.tolist()])
+            versions = token_versions([records[i] for i in rl_rows.tolist()],
+                                      sub.targets.shape[1], version)
             current = version
         old, fallback = self.versions.logprobs(sub, versions, current, self.temperature)
         behaviour = old_logprobs(sub, old)  # rows imported without log-probs: no gap
@@ -181,6 +181,19 @@ class BatchPreparer:
         if self.critic is not None:
             extra["returns"] = returns
         return adv, extra, metrics
+
+
+def token_versions(records: Sequence[Record], width: int, default: int) -> torch.Tensor:
+    """[B, width] the weight version each target token of `records` was sampled with: the
+    record's `policy_version`, and for a rollout that spans versions (`info["version_spans"]`,
+    counted from its first response token) each span's own (`default` for records without
+    a version)."""
+    out = torch.full((len(records), width), default, dtype=torch.long)
+    for i, r in enumerate(records):
+        out[i] = getattr(r, "policy_version", default)
+        for v, start in r.info.get("version_spans", ()) if hasattr(r, "info") else ():
+            out[i, max(r.prompt_length + int(start) - 1, 0):] = int(v)
+    return out
 
 
 def staleness_metrics(records: Sequence[Record], version: int) -> dict[str, float]:

@@ -146,7 +146,7 @@ def run_trainer(stage_dir: Path) -> int:
     """
     setup_logging("trainer")
     config, run = load_stage(stage_dir)
-    set_threads(config.trainer.threads)
+    set_threads(config.trainer.threads, config.trainer.cpus)
     stop = StopFlag()  # other ranks too: a signal must not kill them mid-step
     dist = init_distributed()
     if not dist.is_main:

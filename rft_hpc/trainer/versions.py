@@ -45,29 +45,35 @@ class PolicyVersions:
     @torch.no_grad()
     def logprobs(self, tb: TokenBatch, versions: torch.Tensor, current: int,
                  temperature: float) -> tuple[torch.Tensor, int]:
-        """Log-probs [B, T] (CPU) of `tb`'s targets, row i under the weights of version
-        `versions[i]` (the policy's own for `current`), and how many rows fell back to the
-        current weights because their version is not held."""
+        """Log-probs [B, T] (CPU) of `tb`'s trained targets (0 elsewhere), each under the
+        weights of its version in `versions` ([B, T], or [B]: one per row; the policy's own
+        weights for `current`), and how many rows fell back to the current weights for some
+        of their tokens because that version is not held."""
         device = next(self.policy.parameters()).device
         out = torch.zeros(tb.targets.shape, dtype=torch.float32)
-        fallback = 0
-        for version in sorted(set(versions.tolist())):
-            rows = (versions == version).nonzero().squeeze(1)
+        if versions.dim() == 1:
+            versions = versions[:, None].expand(tb.targets.shape)
+        trained = tb.loss_mask > 0
+        fallen = torch.zeros(len(versions), dtype=torch.bool)
+        for version in sorted(set(versions[trained].tolist())):  # untrained tokens stay 0
+            tokens = (versions == version) & trained
+            rows = tokens.any(dim=1).nonzero().squeeze(1)
             model = self.policy
             if version != current:
                 if version in self._states:
                     model = self._loaded(version)
                 else:
-                    fallback += len(rows)
+                    fallen[rows] = True
             part = tb.select(rows)
             part = part.to(device) if device.type != "cpu" else part
             was_training = model.training
             model.eval()
             try:
-                out[rows] = token_logprobs(model, part, temperature).float().cpu()
+                logp = token_logprobs(model, part, temperature).float().cpu()
             finally:
                 model.train(was_training)
-        return out, fallback
+            out[rows] = torch.where(tokens[rows], logp, out[rows])
+        return out, int(fallen.sum())
 
     def _loaded(self, version: int) -> torch.nn.Module:
         if self._spare is None:

@@ -22,6 +22,9 @@ from rft_hpc.sync.fabric import SyncFailed
 BIG_VERSIONS = {2}  # 40 MB: long enough to kill a receiver in the middle
 
 
+PORT_TIMEOUT = 15.0
+"""Seconds a port-sender or port-receiver version may take."""
+
 def state_for(version: int) -> dict[str, torch.Tensor]:
     """A state dict of mixed dtypes and sizes, different for every version."""
     g = torch.Generator().manual_seed(version)
@@ -135,7 +138,9 @@ def _mpi_main(argv: list[str]) -> int:
     folder = argv[2]
     if mode == "port-sender":  # versions 1..n; before version v, wait for need[v-1] links
         need = [int(x) for x in argv[3].split(",")]
-        s = msync.MpiPortSender(folder, timeout=5, bucket_mb=0.25, checksum=True)
+        # 15 s: long enough for a live receiver on a loaded CI machine (at 5 s, a survivor
+        # once missed v3 late in the suite), short enough to give up on the killed one
+        s = msync.MpiPortSender(folder, timeout=PORT_TIMEOUT, bucket_mb=0.25, checksum=True)
         for v, n in enumerate(need, start=1):
             s.wait_for_receivers(n, 60)
             try:
@@ -145,7 +150,7 @@ def _mpi_main(argv: list[str]) -> int:
         s.close()
     elif mode == "port-receiver":  # receive up to version `last`; die while receiving `die`
         rid, last = int(argv[3]), int(argv[4])
-        r = msync.MpiPortReceiver(folder, rid, timeout=5)
+        r = msync.MpiPortReceiver(folder, rid, timeout=PORT_TIMEOUT)
         if len(argv) > 5:
             die_on = int(argv[5])
 

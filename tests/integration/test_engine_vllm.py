@@ -14,9 +14,12 @@ from rft_hpc.batch.logprobs import token_logprobs
 from rft_hpc.batch.tokens import collate
 from rft_hpc.config.schema import VLLMConfig
 from rft_hpc.engines.hf import load_policy
+from rft_hpc.engines.requests import GroupRequest
 from rft_hpc.engines.vllm import VLLMEngine
-from rft_hpc.explorer.workflow import SamplingSettings, explore_tasks
+from rft_hpc.explorer.workflow import SamplingSettings, completion_to_experience, explore_tasks
 from rft_hpc.tasks.task import Task
+from rft_hpc.trainer.prepare import token_versions
+from rft_hpc.trainer.versions import PolicyVersions
 
 pytestmark = pytest.mark.needs_module("vllm")
 
@@ -136,6 +139,50 @@ def test_same_seed_same_samples_and_equal_prompts_differ(engine, policy):
         for c in group:
             assert 1 <= len(c.tokens) <= 8 and len(c.logprobs) == len(c.tokens)
             assert c.finished == (c.tokens[-1] == engine.eos_id)
+
+
+def test_a_request_in_flight_when_new_weights_arrive_finishes_under_both(engine, policy):
+    """Streaming: groups submitted under version 0, new weights after three engine steps;
+    the requests go on, each completion says which tokens each version sampled, and the
+    trainer's log-probs under each version (`PolicyVersions`) are the engine's."""
+    model, original = policy
+    set_weights(engine, model, original, 0)
+    versions = PolicyVersions(model, window=2)
+    versions.remember(0)
+    prompts = [engine.prompt_ids(t) for t in TASKS]
+    engine.submit([GroupRequest(j, p, n=2, max_new_tokens=16, temperature=1.0, seed=40 + j)
+                   for j, p in enumerate(prompts)])
+    done = []
+    for _ in range(3):
+        done += engine.poll()
+    assert engine.in_flight == len(TASKS) - len(done) > 0
+    set_weights(engine, model, perturbed(original, seed=21), 1)  # trainer: now version 1
+    while engine.in_flight:
+        done += engine.poll()
+    assert sorted(g.key for g in done) == [0, 1, 2]
+    records, spanning = [], 0
+    for group in done:
+        for c in group.completions:
+            assert c.first_version == 0 and c.versions[0] == (0, 0)
+            if len(c.versions) > 1:  # still generating at the update: the rest under v1
+                spanning += 1
+                assert c.versions[1][0] == 1 and 0 < c.versions[1][1] < len(c.tokens)
+            records.append(completion_to_experience(TASKS[group.key], prompts[group.key], c,
+                                                    reward=0.0, group_id=group.key,
+                                                    version=0, step=0))
+    assert spanning >= 2
+    assert all(r.info["last_version"] == 1 for r in records if "version_spans" in r.info)
+    batch = collate(records, pad_id=engine.pad_id)
+    per_token = token_versions(records, batch.targets.shape[1], 0)
+    mask = batch.loss_mask.bool()
+    assert bool((per_token[mask] == 0).any()) and bool((per_token[mask] == 1).any())
+    recomputed, fallback = versions.logprobs(batch, per_token, current=1, temperature=1.0)
+    assert fallback == 0
+    for v in (0, 1):  # the tokens each version sampled, recomputed under that version
+        under = mask & (per_token == v)
+        torch.testing.assert_close(batch.old_logprobs[under], recomputed[under], atol=ATOL,
+                                   rtol=0)
+    set_weights(engine, model, original, 0)
 
 
 @pytest.mark.timeout(600)  # two vLLM explorers start: ~120 s loaded

@@ -84,6 +84,17 @@ def test_required_weight_version_follows_offset_and_interval(tmp_path, offset, i
     assert required_version(5, explore) == 0
 
 
+@pytest.mark.parametrize(("offset", "expected"), [(0, [0, 0, 1, 1, 2, 2]),
+                                                  (2, [0, 0, 0, 0, 0, 0, 1])])
+def test_a_batch_of_two_explorer_steps_needs_a_version_every_two_steps(tmp_path, offset,
+                                                                      expected):
+    # 16 records per explorer step, 32 per trainer step: waiting for version s at step s
+    # would wait for a trainer step that needs this very step's records (a deadlock)
+    cfg = load_config(_write(tmp_path, "explorer: {tasks_per_step: 2, repeat: 8}\n"
+                             f"trainer: {{batch_size: 32}}\nsync: {{offset: {offset}}}\n"))
+    assert [required_version(s, cfg) for s in range(len(expected))] == expected
+
+
 def _write(tmp_path, text):
     path = tmp_path / "exp.yaml"
     path.write_text(text)

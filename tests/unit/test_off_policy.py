@@ -137,3 +137,17 @@ def test_the_trainer_computes_each_rollout_under_the_weights_it_was_generated_wi
     assert third["correction/unknown_version_records"] == 16
     assert third["correction/mismatch_kl"] > 100 * max(first["correction/mismatch_kl"], 1e-9)
     assert not math.isnan(third["loss"])
+
+
+def test_each_token_is_computed_under_the_version_that_sampled_it():
+    import numpy as np
+
+    from rft_hpc.buffer.records import Experience
+    from rft_hpc.trainer.prepare import token_versions
+
+    spanning = Experience(tokens=np.arange(7), prompt_length=3, policy_version=0,
+                          info={"last_version": 2, "version_spans": [[0, 0], [2, 2]]})
+    plain = Experience(tokens=np.arange(5), prompt_length=3, policy_version=1)
+    # target column c predicts token c + 1: response tokens 3..6 are columns 2..5
+    assert token_versions([spanning, plain], 6, 9).tolist() == [[0, 0, 0, 0, 2, 2],
+                                                                [1, 1, 1, 1, 1, 1]]

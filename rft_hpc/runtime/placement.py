@@ -1,0 +1,65 @@
+"""How many CPU threads a role uses: the cores of its allocation, shared out when roles
+share a machine.
+
+`explorer.threads` / `trainer.threads` set it; null (the default) fits the regime:
+
+- in a Slurm job, a role has its allocation to itself: every CPU the job may use
+  (its CPU affinity, which Slurm sets to the job's CPUs);
+- in `rft-hpc run`, the roles share this machine. When they take turns (`mode: both`
+  with `sync.offset: 0`: the explorer waits for each version while the trainer trains it,
+  the trainer waits for each step) each uses all the cores; when they overlap, the cores
+  are split among them (at least one each).
+
+`explorer.cpus` / `trainer.cpus` pin a role to given cores (one thread per core unless
+`threads` says otherwise), e.g. to give the explorer and the trainer a core each, as two
+GPUs would be separate (tools/bench/pipeline.py).
+
+The local launcher works the numbers out once (`local_threads`) and hands each role its
+share in `RFT_HPC_THREADS`; the role resolves its own (`role_threads`) and logs the reason.
+"""
+
+from __future__ import annotations
+
+import os
+
+from rft_hpc.config import ExperimentConfig
+
+THREADS_ENV = "RFT_HPC_THREADS"
+"""A role's thread count as `rft-hpc run` worked it out for the roles on this machine."""
+
+
+def available_cores() -> int:
+    """CPUs this process may run on (its affinity: a Slurm job's CPUs)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def local_threads(config: ExperimentConfig, cores: int | None = None) -> dict[str, int]:
+    """Threads of the `trainer` and of each `explorer` for roles sharing `cores` cores (this
+    machine's by default) in `rft-hpc run`; explicit settings win."""
+    cores = cores or available_cores()
+    explorers = config.explorer.count if config.mode in ("both", "explore") else 0
+    trainers = 1 if config.mode in ("both", "train", "bench") else 0
+    take_turns = config.mode == "both" and config.sync.offset == 0
+    share = cores if take_turns else max(1, cores // max(1, explorers + trainers))
+    def threads(setting: int | None, cpus: list[int] | None) -> int:
+        return setting or (len(cpus) if cpus else share)
+    return {"trainer": threads(config.trainer.threads, config.trainer.cpus),
+            "explorer": threads(config.explorer.threads, config.explorer.cpus)}
+
+
+def role_threads(setting: int | None, cpus: list[int] | None = None) -> tuple[int, str]:
+    """Pin this process to `cpus` when given; then its threads and why: its setting, else
+    one per pinned core, else its launcher's share, else every core of its allocation."""
+    if cpus:
+        os.sched_setaffinity(0, cpus)
+    if setting is not None:
+        return setting, "set in the config" + (f", pinned to cores {cpus}" if cpus else "")
+    if cpus:
+        return len(cpus), f"one per core it is pinned to: {cpus}"
+    shared = os.environ.get(THREADS_ENV)
+    if shared and shared.isdigit() and int(shared) > 0:
+        return int(shared), "this machine's cores shared among the roles of rft-hpc run"
+    return available_cores(), "every core of the allocation"
