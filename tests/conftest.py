@@ -15,6 +15,11 @@ from helpers.tools import check_needs
 
 from rft_hpc.buffer.layout import ensure_buffer_dir
 
+# Test workers share the machine: each one's role processes count on its share of the cores
+# (rft_hpc.runtime.placement), as a laptop's would count on all of them.
+os.environ.setdefault("RFT_HPC_CORES", str(max(1, len(os.sched_getaffinity(0)) // int(
+    os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")))))
+
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_runtest_setup(item: pytest.Item) -> None:

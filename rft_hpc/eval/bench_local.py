@@ -24,6 +24,7 @@ from rft_hpc.eval.bench import (
 from rft_hpc.runtime.command import role_command, role_env
 from rft_hpc.runtime.common import write_heartbeat
 from rft_hpc.runtime.logs import setup_logging
+from rft_hpc.runtime.placement import available_cores
 
 logger = logging.getLogger(__name__)
 
@@ -44,10 +45,11 @@ def run_bench_local(folder: Path, *, parallel: int | None = None,
             if on_result is not None:
                 on_result(i)
 
-    width = min(len(todo), parallel or max(1, (os.cpu_count() or 1) // plan["threads"]))
+    width = min(len(todo), parallel or max(1, available_cores() // (plan["threads"] or 1)))
+    threads = plan["threads"] or max(1, available_cores() // width)  # the cores shared out
     logs = folder / "logs"
     logs.mkdir(exist_ok=True)
-    env = dict(os.environ, **role_env(plan["threads"]))
+    env = dict(os.environ, **role_env(threads, shared=True))
     procs: list[tuple[subprocess.Popen[bytes], Path]] = []
     for worker in range(width):
         log = logs / f"bench-local-{worker}.log"

@@ -24,12 +24,18 @@ import os
 
 from rft_hpc.config import ExperimentConfig
 
+CORES_ENV = "RFT_HPC_CORES"
+"""Cores rft-hpc may count on this machine (default: the process's CPU affinity)."""
 THREADS_ENV = "RFT_HPC_THREADS"
 """A role's thread count as `rft-hpc run` worked it out for the roles on this machine."""
 
 
 def available_cores() -> int:
-    """CPUs this process may run on (its affinity: a Slurm job's CPUs)."""
+    """CPUs this process may run on: `RFT_HPC_CORES` when set (a machine shared with other
+    work, e.g. test workers), else its affinity (a Slurm job's CPUs)."""
+    given = os.environ.get(CORES_ENV, "")
+    if given.isdigit() and int(given) > 0:
+        return int(given)
     try:
         return len(os.sched_getaffinity(0))
     except (AttributeError, OSError):
