@@ -1,0 +1,244 @@
+#!/usr/bin/env python
+"""Benchmark the whole RFT loop against this machine's limits, in one run.
+
+    python tools/bench/pipeline.py [--steps 16] [--runs 1] [--json OUT]
+
+The batch shape is the demo's: the tiny Llama, 8 tasks x 8 rollouts of 5 tokens, a trainer
+batch of 64 (one explorer step), GRPO, weights synced through checkpoint files after every
+step. It measures, each figure beside the limit it is held to, in the same run:
+
+(a) pure generation time `t_gen` of one explorer step (HFEngine.generate) and pure train-step
+    time `t_train` of one such batch (Trainer.step), each in a process of its own, on one
+    core (pinned, 1 thread) and on all cores;
+(b) shared cores, as `rft-hpc run` on a laptop: the loop's completions/s with the default
+    settings (`sync.offset: 0`, threads left to rft-hpc) against 64 / (t_gen + t_train)
+    on all cores;
+(c) separate cores, as separate GPUs would be (explorer pinned to core 0, trainer to core
+    1): sync (`offset 0`) against 64 / (t_gen + t_train), async (`offset 1`) against
+    64 / max(t_gen, t_train), both on one core;
+(d) a long tail: one task in eight waits `10 x t_gen` in its reward (an environment delay,
+    tools/bench/pipeline_reward.py), with the cores separate as in (c): completions/s
+    sync (`offset 0`) against async (`offset` and `steps_in_flight` enough to cover the
+    delay), and the trainer's busy fraction (its step time not spent waiting for data).
+
+A loop's rate is taken from the trainer's metrics between its 3rd and last step (start-up,
+the first weights and the first batch left out). Targets (issue 15): (b) >= 0.9, (c) sync
+>= 0.9 and async >= 0.85, (d) async / sync >= 2.5 with busy >= 0.9. Needs 2+ cores.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO))
+
+BATCH, TASKS, REPEAT, TOKENS = 64, 8, 8, 5
+WARM = 2  # trainer steps left out of a loop's rate
+REWARD = "tools.bench.pipeline_reward:delayed"
+
+
+def config_text(root: Path, model: Path, steps: int) -> str:
+    """The bench run's config: the demo's GRPO stage alone, one explorer, no evaluation."""
+    return f"""
+run: {{name: bench, root: {root}, seed: 0}}
+model: {{path: {model}}}
+tasks: {{type: arithmetic, digits: 2, ops: "+", eval_size: 8}}
+buffer: {{poll_interval: 0.01}}
+explorer: {{count: 1, tasks_per_step: {TASKS}, repeat: {REPEAT}, temperature: 1.0,
+           max_new_tokens: {TOKENS}}}
+algorithm: {{algorithm_type: grpo}}
+trainer: {{lr: 1.0e-5, batch_size: {BATCH}, steps: {steps}, save_interval: 100000}}
+sync: {{method: checkpoint, interval: 1, offset: 0}}
+eval: {{interval: 0}}
+"""
+
+
+# --- (a): one explorer step's generation, one batch's train step, in a child process ------
+
+def _measure(kind: str, config_path: Path, reps: int) -> float:
+    """Median seconds of `reps` generations or train steps of the bench's batch shape in
+    this process (after two unmeasured ones)."""
+    import numpy as np
+
+    from rft_hpc.buffer.reader import Batch
+    from rft_hpc.config import load_config
+    from rft_hpc.engines.hf import HFEngine
+    from rft_hpc.explorer.workflow import completion_to_experience
+    from rft_hpc.tasks.source import build_tasks
+    from rft_hpc.trainer.trainer import Trainer
+
+    config = load_config(config_path)
+    tasks, _ = build_tasks(config.tasks, 0)
+    engine = HFEngine(config.model.path)
+    prompts = [engine.prompt_ids(t) for t in tasks[:TASKS]]
+
+    def generate(seed: int):
+        return engine.generate(prompts, n=REPEAT, max_new_tokens=TOKENS, temperature=1.0,
+                               seed=seed)
+
+    times = []
+    if kind == "gen":
+        for i in range(reps + 2):
+            t0 = time.perf_counter()
+            generate(i)
+            times.append(time.perf_counter() - t0)
+        return statistics.median(times[2:])
+    trainer = Trainer(config)
+    rng = np.random.default_rng(0)
+    records = [completion_to_experience(task, p, c, reward=float(rng.integers(2)),
+                                        group_id=j, version=0, step=0)
+               for j, (task, p, group) in enumerate(zip(tasks, prompts, generate(0),
+                                                       strict=False))
+               for c in group]
+    batch = Batch(records=records, weights=[1.0] * len(records), uses=[0] * len(records))
+    for i in range(reps + 2):
+        t0 = time.perf_counter()
+        trainer.step(batch, version=i)
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times[2:])
+
+
+def measure(kind: str, config_path: Path, cpus: list[int], reps: int = 7) -> float:
+    """`_measure` in a child pinned to `cpus` with one torch thread per core."""
+    cmd = [sys.executable, __file__, "--measure", kind, "--config", str(config_path),
+           "--cpus", ",".join(map(str, cpus)), "--reps", str(reps)]
+    out = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, check=True,
+                         env=dict(os.environ, OMP_NUM_THREADS=str(len(cpus))))
+    return float(json.loads(out.stdout.strip().splitlines()[-1])["seconds"])
+
+
+# --- (b)-(d): whole loops through rft-hpc run ----------------------------------------------
+
+def run_loop(work: Path, name: str, config_path: Path, *sets: str) -> dict:
+    """`rft-hpc run` of the bench config with `--set`s; the trainer's rate after warm-up:
+    completions/s, the trainer's busy fraction, wall seconds of the measured steps."""
+    root = work / name
+    args = [a for s in (f"run.root={root}", *sets) for a in ("--set", s)]
+    t0 = time.perf_counter()
+    proc = subprocess.run([sys.executable, "-m", "rft_hpc.cli", "run", str(config_path),
+                           *args], capture_output=True, text=True, cwd=REPO, timeout=1800)
+    if proc.returncode:
+        raise SystemExit(f"{name}: rft-hpc run failed\n{proc.stderr[-3000:]}")
+    metrics = next(root.glob("**/metrics/trainer.jsonl"))
+    rows = [r for r in map(json.loads, metrics.read_text().splitlines())
+            if "train_seconds" in r]
+    rows = rows[WARM:]
+    wall = rows[-1]["time"] - rows[0]["time"]
+    steps = rows[1:]  # each of these ends `seconds` after the one before
+    busy = sum(r["seconds"] - r.get("wait_seconds", 0.0) for r in steps) / \
+        sum(r["seconds"] for r in steps)
+    return {"completions_per_s": len(steps) * BATCH / wall, "busy": busy, "wall_s": wall,
+            "total_s": time.perf_counter() - t0}
+
+
+def bench(work: Path, steps: int) -> dict:
+    """Every figure of the module doc, with its limit and ratio."""
+    from rft_hpc.models.tiny import init_tiny_model
+
+    cores = sorted(os.sched_getaffinity(0))
+    if len(cores) < 2:
+        raise SystemExit("the pipeline bench needs at least 2 cores")
+    model = init_tiny_model(work / "model")
+    config_path = work / "bench.yaml"
+    config_path.write_text(config_text(work / "runs", model, steps))
+    one, other = [cores[0]], [cores[1]]
+    t = {"gen_1": measure("gen", config_path, one), "train_1": measure("train", config_path, one),
+         "gen_all": measure("gen", config_path, cores),
+         "train_all": measure("train", config_path, cores)}
+    out: dict = {"cores": len(cores), "t": t}
+    shared = run_loop(work, "shared", config_path)
+    limit_b = BATCH / (t["gen_all"] + t["train_all"])
+    out["b_shared"] = {**shared, "limit": limit_b,
+                       "ratio": shared["completions_per_s"] / limit_b}
+    pinned = (f"explorer.cpus=[{one[0]}]", f"trainer.cpus=[{other[0]}]")
+    sync = run_loop(work, "sync", config_path, *pinned)
+    limit_sync = BATCH / (t["gen_1"] + t["train_1"])
+    out["c_sync"] = {**sync, "limit": limit_sync,
+                     "ratio": sync["completions_per_s"] / limit_sync}
+    async_ = run_loop(work, "async", config_path, *pinned, "sync.offset=1")
+    limit_async = BATCH / max(t["gen_1"], t["train_1"])
+    out["c_async"] = {**async_, "limit": limit_async,
+                      "ratio": async_["completions_per_s"] / limit_async}
+    delay = 10 * t["gen_1"]
+    step_s = max(t["gen_1"], t["train_1"])
+    ahead = math.ceil(delay / step_s) + 2  # steps in flight that cover one delay
+    workers = REPEAT * (math.ceil(delay / step_s) + 1)  # slow groups pending at once, x 8
+    tail = (f"tasks.reward={{name: {REWARD}, args: {{delay: {delay:.4f}}}}}",
+            f"explorer.reward_workers={workers}", f"explorer.reward_timeout={delay * 5 + 10}")
+    tail_sync = run_loop(work, "tail_sync", config_path, *pinned, *tail)
+    tail_async = run_loop(work, "tail_async", config_path, *pinned, *tail,
+                          f"sync.offset={ahead - 1}", f"explorer.steps_in_flight={ahead}")
+    out["d_tail"] = {"delay_s": delay, "offset": ahead - 1, "reward_workers": workers,
+                     "sync": tail_sync, "async": tail_async,
+                     "ratio": tail_async["completions_per_s"] / tail_sync["completions_per_s"],
+                     "busy": tail_async["busy"]}
+    return out
+
+
+def report(r: dict) -> None:
+    """Print the figures, their limits, ratios and targets."""
+    t = r["t"]
+    print(f"(a) t_gen {t['gen_1'] * 1e3:.1f} ms on 1 core, {t['gen_all'] * 1e3:.1f} ms on "
+          f"{r['cores']}; t_train {t['train_1'] * 1e3:.1f} ms on 1 core, "
+          f"{t['train_all'] * 1e3:.1f} ms on {r['cores']} (one step: {TASKS} x {REPEAT} x "
+          f"{TOKENS} tokens, batch {BATCH})")
+    rows = [("(b) shared cores, default config", r["b_shared"], 0.9, "64/(t_gen+t_train), all"),
+            ("(c) separate cores, sync", r["c_sync"], 0.9, "64/(t_gen+t_train), 1 core"),
+            ("(c) separate cores, async", r["c_async"], 0.85, "64/max(t_gen,t_train), 1 core")]
+    for label, x, target, limit in rows:
+        print(f"{label:34} {x['completions_per_s']:7.1f} completions/s, limit "
+              f"{x['limit']:7.1f} ({limit}): ratio {x['ratio']:.3f} (target >= {target}) "
+              f"{'ok' if x['ratio'] >= target else 'MISSED'}")
+    d = r["d_tail"]
+    print(f"(d) long tail (1 task in 8 waits {d['delay_s'] * 1e3:.0f} ms): sync "
+          f"{d['sync']['completions_per_s']:.1f}, async (offset {d['offset']}, "
+          f"{d['reward_workers']} reward workers) {d['async']['completions_per_s']:.1f} "
+          f"completions/s: async/sync {d['ratio']:.2f} (target >= 2.5) "
+          f"{'ok' if d['ratio'] >= 2.5 else 'MISSED'}; trainer busy {d['busy']:.3f} "
+          f"(target >= 0.9) {'ok' if d['busy'] >= 0.9 else 'MISSED'}")
+
+
+def main() -> int:
+    """Run the bench (or, with --measure, one timing child)."""
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--steps", type=int, default=16, help="trainer steps per loop [16]")
+    ap.add_argument("--runs", type=int, default=1, help="whole benches, one after another")
+    ap.add_argument("--json", type=Path, help="also write the figures here")
+    ap.add_argument("--measure", choices=("gen", "train"), help=argparse.SUPPRESS)
+    ap.add_argument("--config", type=Path, help=argparse.SUPPRESS)
+    ap.add_argument("--cpus", help=argparse.SUPPRESS)
+    ap.add_argument("--reps", type=int, default=7, help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.measure:
+        import torch
+
+        cpus = [int(c) for c in args.cpus.split(",")]
+        os.sched_setaffinity(0, cpus)
+        torch.set_num_threads(len(cpus))
+        print(json.dumps({"seconds": _measure(args.measure, args.config, args.reps)}))
+        return 0
+    results = []
+    for i in range(args.runs):
+        with tempfile.TemporaryDirectory(prefix="rft-bench-pipeline-") as tmp:
+            r = bench(Path(tmp), args.steps)
+        if args.runs > 1:
+            print(f"--- run {i + 1} of {args.runs}")
+        report(r)
+        results.append(r)
+    if args.json:
+        args.json.write_text(json.dumps(results, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
