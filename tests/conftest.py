@@ -17,8 +17,11 @@ from rft_hpc.buffer.layout import ensure_buffer_dir
 
 # Test workers share the machine: each one's role processes count on its share of the cores
 # (rft_hpc.runtime.placement), as a laptop's would count on all of them.
-os.environ.setdefault("RFT_HPC_CORES", str(max(1, len(os.sched_getaffinity(0)) // int(
-    os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")))))
+# (Set in each xdist worker, which knows the worker count: the controller's value would be
+# inherited by the workers.)
+if "PYTEST_XDIST_WORKER_COUNT" in os.environ:
+    os.environ["RFT_HPC_CORES"] = str(max(1, len(os.sched_getaffinity(0)) // int(
+        os.environ["PYTEST_XDIST_WORKER_COUNT"])))
 
 
 @pytest.hookimpl(tryfirst=True)

@@ -32,14 +32,21 @@ THREADS_ENV = "RFT_HPC_THREADS"
 
 def available_cores() -> int:
     """CPUs this process may run on: `RFT_HPC_CORES` when set (a machine shared with other
-    work, e.g. test workers), else its affinity (a Slurm job's CPUs)."""
+    work, e.g. test workers); else its CPU affinity, capped in a Slurm job by the CPUs the
+    job was given on this node (`SLURM_CPUS_PER_TASK`, else `SLURM_JOB_CPUS_PER_NODE`:
+    a cluster that does not bind jobs to their CPUs still allots them)."""
     given = os.environ.get(CORES_ENV, "")
     if given.isdigit() and int(given) > 0:
         return int(given)
     try:
-        return len(os.sched_getaffinity(0))
+        cores = len(os.sched_getaffinity(0))
     except (AttributeError, OSError):
-        return os.cpu_count() or 1
+        cores = os.cpu_count() or 1
+    for name in ("SLURM_CPUS_PER_TASK", "SLURM_JOB_CPUS_PER_NODE"):
+        allotted = os.environ.get(name, "").split("(")[0].split(",")[0]
+        if allotted.isdigit() and int(allotted) > 0:
+            return min(cores, int(allotted))
+    return cores
 
 
 def local_threads(config: ExperimentConfig, cores: int | None = None) -> dict[str, int]:
