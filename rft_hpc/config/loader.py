@@ -283,8 +283,21 @@ def _grpo_needs_groups(config: ExperimentConfig) -> Iterator[tuple[tuple[Key, ..
                 f"repeat >= 2, got {stage.explorer.repeat}")
 
 
+def _dynamic_sampling_is_single_turn(config: ExperimentConfig,
+                                     ) -> Iterator[tuple[tuple[Key, ...], str]]:
+    for index, (_, stage) in enumerate(config.stage_configs()):
+        where: tuple[Key, ...] = ("stages", index) if config.stages else ()
+        if stage.pipeline.dynamic_sampling.enabled and stage.explorer.workflow.type != \
+                "single_turn":
+            yield (*where, "pipeline", "dynamic_sampling", "enabled"), (
+                "dynamic sampling draws tasks into a streaming single-turn step; the "
+                f"{stage.explorer.workflow.type} workflow does not stream: use "
+                "over_rollout there, or a reward_std_filter in pipeline.experience_filters")
+
+
 CHECKS: tuple[tuple[frozenset[str], Check], ...] = (
     (frozenset({"model"}), _model_path_exists),
     (frozenset({"mode", "trainer", "explorer", "stages"}), _grpo_needs_groups),
+    (frozenset({"explorer", "pipeline", "stages"}), _dynamic_sampling_is_single_turn),
 )
 """Checks beyond the schema, each with the top-level sections it reads."""

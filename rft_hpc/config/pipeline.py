@@ -177,6 +177,29 @@ class LengthPenalty(ConfigSection):
 ShaperConfig = Annotated[FormatReward | LengthPenalty, Field(discriminator="type")]
 
 
+class DynamicSampling(ConfigSection):
+    """DAPO-style dynamic sampling by the explorers (docs/pipeline.md#dynamic-sampling): a
+    group whose rewards hardly vary is dropped and the step draws another task in its place
+    (under the same weights), until the step holds `explorer.tasks_per_step` informative
+    groups or has drawn `max_groups`; a step that runs out fills up with dropped groups, so
+    every step still holds the same number of records and no run waits for more."""
+
+    enabled: bool = False
+    """Turn dynamic sampling on (single-turn workflow)."""
+
+    min_std: float = Field(0.0, ge=0.0)
+    """Groups whose reward standard deviation (before shaping) is at most this are dropped
+    (0: only groups whose rewards are all equal)."""
+
+    max_groups: int | None = Field(None, ge=1)
+    """Groups one explorer step may draw in all, the first `tasks_per_step` included;
+    null: 4 x `explorer.tasks_per_step`."""
+
+    def budget(self, tasks_per_step: int) -> int:
+        """Groups a step may draw in all (at least its `tasks_per_step`)."""
+        return max(tasks_per_step, self.max_groups or 4 * tasks_per_step)
+
+
 def operator_name(op: RewardStdFilter | ResponseLengthFilter | DuplicateFilter
                   | FormatReward | LengthPenalty) -> str:
     """The name a filter or shaper reports its metrics under."""
@@ -210,6 +233,10 @@ class PipelineConfig(ConfigSection):
     """Records the trainer drops from each batch before its step, in order (dropped records
     count as consumed). Types `reward_std_filter`, `response_length_filter`,
     `duplicate_filter`; their keys: docs/pipeline.md."""
+
+    dynamic_sampling: DynamicSampling = Field(default_factory=DynamicSampling)
+    """Explorers replace groups whose rewards are all equal by fresh ones (DAPO's dynamic
+    sampling); keys `enabled`, `min_std`, `max_groups` (docs/pipeline.md)."""
 
     @model_validator(mode="after")
     def _unique_names(self) -> PipelineConfig:

@@ -104,12 +104,14 @@ def run_explorer(stage_dir: Path, index: int) -> int:
         """The group id of the step's first task: its position in the task stream."""
         return (explorer_step * cfg.count + index) * cfg.tasks_per_step
     log.info("starting at step %d of %d (weights version %s)", step, total, engine.version)
+    stream: StepStream | None = None  # single-turn: the steps in flight
 
     def beat(status: str) -> None:
         write_heartbeat(run, role, status=status, step=step, total=total,
                         version=engine.version, started=started, start_step=start_step,
                         restarts=history.restarts, redone=history.redone,
-                        in_flight=multi_turn.in_flight if multi_turn is not None else 0)
+                        in_flight=multi_turn.in_flight if multi_turn is not None else 0,
+                        steps_in_flight=len(stream) if stream is not None else 0)
 
     def commit(done_step: int, experiences: list, values: dict, seconds: float,
                version: int) -> None:
@@ -150,7 +152,8 @@ def run_explorer(stage_dir: Path, index: int) -> int:
                 commit(step, experiences, values, time.monotonic() - t0, engine.version)
         else:
             assert rewards is not None
-            stream = StepStream(engine, settings, rewards, steps_in_flight(config))
+            stream = StepStream(engine, settings, rewards, steps_in_flight(config),
+                                config.pipeline.dynamic_sampling)
             log.info("up to %d steps in flight", stream.window)
             submitted, t_last, t_refresh = step, time.monotonic(), 0.0
             while step < total and not stop:
@@ -160,10 +163,14 @@ def run_explorer(stage_dir: Path, index: int) -> int:
                     t_refresh = time.monotonic()
                 while (submitted < total and stream.has_room
                        and engine.version >= required_version(submitted, config)):
-                    stream.submit(submitted, pipeline.tasks_for(submitted),
-                                  first_group_id=group_of(submitted),
-                                  seed=step_seed(config.run.seed, submitted, index))
+                    tasks = pipeline.tasks_for(submitted)
+                    first = group_of(submitted)
+                    stream.submit(submitted, tasks,
+                                  group_ids=range(first, first + len(tasks)),
+                                  seed=step_seed(config.run.seed, submitted, index),
+                                  reserve=pipeline.reserve_tasks_for(submitted))
                     submitted += 1
+                    beat("running")  # its steps_in_flight: what a restart would redo
                 if not len(stream):  # nothing in flight: the next step needs newer weights
                     if not follower.wait_for(required_version(submitted, config)):
                         break

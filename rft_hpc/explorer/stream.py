@@ -10,6 +10,14 @@ and only after every earlier step: the step stays the unit of commit and of rest
 restarted explorer redoes exactly the uncommitted steps, with the same tasks. With
 `window` 1 (the default of a strictly on-policy run) this is the step barrier: one step
 generated, scored and written at a time.
+
+Dynamic sampling (`pipeline.dynamic_sampling`): a scored group whose rewards hardly vary is
+set aside and the step draws the next of its reserve tasks in its place, under the weights
+the engine holds, so that the groups still out plus the informative ones scored make the
+step's size; once they do, or its reserve is spent, the step is complete and holds
+informative groups first, then set-aside ones to fill it (counted as `dynamic/*`). A step's
+size never changes, so the weights rule (`role.required_version`) never waits for records
+that will not come (docs/pipeline.md#dynamic-sampling).
 """
 
 from __future__ import annotations
@@ -19,8 +27,11 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
 from rft_hpc.buffer.records import Experience
 from rft_hpc.config import ExperimentConfig
+from rft_hpc.config.pipeline import DynamicSampling
 from rft_hpc.engines.requests import Completion, GroupRequest
 from rft_hpc.explorer.workflow import SamplingSettings, reward_calls, scored_experiences
 from rft_hpc.tasks.reward_pool import RewardPool, Scoring
@@ -42,20 +53,46 @@ class _Step:
     """One submitted step: its tasks, and its groups as they come back and are scored."""
 
     step: int
+    size: int
+    """Groups the step writes (its own tasks; dynamic sampling draws more, keeps this many)."""
     tasks: list[Task]
+    """Tasks drawn so far: the step's own, then reserve tasks in the order drawn."""
     prompts: list[list[int]]
-    first_group_id: int
+    group_ids: list[int]
+    seed: int
     version: int
     """The engine's weights version when the step was submitted."""
+    reserve: list[tuple[Task, int]] = field(default_factory=list)
+    """Reserve tasks (and their group ids) dynamic sampling may still draw."""
     groups: dict[int, list[Completion]] = field(default_factory=dict)
     scoring: dict[int, Scoring] = field(default_factory=dict)
+    informative: dict[int, bool] = field(default_factory=dict)
+    """Scored groups: whether their rewards vary (always True without dynamic sampling)."""
     generated: float | None = None
     """When its last group came back from the engine (monotonic clock)."""
 
     @property
+    def good(self) -> int:
+        """Scored groups that are informative."""
+        return sum(self.informative.values())
+
+    @property
+    def out(self) -> int:
+        """Groups drawn and not yet scored."""
+        return len(self.tasks) - len(self.informative)
+
+    @property
     def scored(self) -> bool:
-        return len(self.scoring) == len(self.tasks) and all(s.done for s in
-                                                            self.scoring.values())
+        """Whether the step is complete: every drawn group scored, and enough of them
+        informative or no reserve left to draw."""
+        return not self.out and (self.good >= self.size or not self.reserve)
+
+    def kept(self) -> list[int]:
+        """Indices of the groups the step writes, in draw order: the informative ones, then
+        set-aside ones (first drawn first) up to the step's size."""
+        good = [j for j in range(len(self.tasks)) if self.informative[j]][:self.size]
+        rest = [j for j in range(len(self.tasks)) if not self.informative[j]]
+        return sorted(good + rest[:self.size - len(good)])
 
 
 @dataclass
@@ -73,9 +110,10 @@ class StepStream:
     """Keeps up to `window` explorer steps in flight on `engine`; see the module doc."""
 
     def __init__(self, engine: Any, settings: SamplingSettings, rewards: RewardPool,
-                 window: int) -> None:
+                 window: int, dynamic: DynamicSampling | None = None) -> None:
         self.engine, self.settings, self.rewards = engine, settings, rewards
         self.window = window
+        self.dynamic = dynamic if dynamic is not None and dynamic.enabled else None
         self._steps: dict[int, _Step] = {}
         self._engine_seconds = 0.0  # engine time since the last completed step
 
@@ -88,21 +126,35 @@ class StepStream:
         """Whether another step may be submitted."""
         return len(self._steps) < self.window
 
-    def submit(self, step: int, tasks: Sequence[Task], *, first_group_id: int,
-               seed: int) -> None:
-        """Submit every group of `step` (group ids `first_group_id + index`); group j samples
-        with seed `seed + j * repeat`, as one `generate` call of the step would."""
+    def submit(self, step: int, tasks: Sequence[Task], *, group_ids: Sequence[int],
+               seed: int, reserve: Sequence[tuple[Task, int]] = ()) -> None:
+        """Submit every group of `step` (with `group_ids`); the j-th group drawn samples
+        with seed `seed + j * repeat`, as one `generate` call of the step would. `reserve`:
+        the tasks and group ids dynamic sampling draws from, in order."""
+        st = _Step(step, len(tasks), [], [], [], seed, self.engine.version,
+                   reserve=list(reserve) if self.dynamic is not None else [])
+        self._steps[step] = st
+        self._draw(st, list(zip(tasks, group_ids, strict=True)))
+
+    def _draw(self, st: _Step, tasks: Sequence[tuple[Task, int]]) -> None:
+        """Submit groups for `tasks` (with their group ids) as the step's next ones."""
         s = self.settings
-        prompts = [self.engine.prompt_ids(t) for t in tasks]
-        self._steps[step] = _Step(step, list(tasks), prompts, first_group_id,
-                                  self.engine.version)
-        self.engine.submit([GroupRequest((step, j), p, s.repeat, s.max_new_tokens,
-                                         s.temperature, seed + j * s.repeat)
-                            for j, p in enumerate(prompts)])
+        requests = []
+        for task, group_id in tasks:
+            j = len(st.tasks)
+            st.tasks.append(task)
+            st.group_ids.append(group_id)
+            st.prompts.append(self.engine.prompt_ids(task))
+            requests.append(GroupRequest((st.step, j), st.prompts[j], s.repeat,
+                                         s.max_new_tokens, s.temperature,
+                                         st.seed + j * s.repeat))
+        st.generated = None
+        self.engine.submit(requests)
 
     def advance(self, wait: float = 0.02) -> None:
         """One engine step when there are requests to generate (each finished group goes to
-        the reward workers), else wait up to `wait` s for reward results."""
+        the reward workers), else wait up to `wait` s for reward results; then draw the
+        replacements dynamic sampling asks for."""
         if self.engine.in_flight:
             t0 = time.monotonic()
             finished = self.engine.poll()
@@ -118,6 +170,21 @@ class StepStream:
             self.rewards.pump(0.0)
         else:
             self.rewards.pump(wait)
+        for st in self._steps.values():
+            self._judge(st)
+
+    def _judge(self, st: _Step) -> None:
+        """Mark the step's newly scored groups informative or not, and draw as many reserve
+        tasks as the step now lacks."""
+        for j, scoring in st.scoring.items():
+            if j not in st.informative and scoring.done:
+                rewards = [o.score for o in scoring.result()]
+                st.informative[j] = (self.dynamic is None
+                                     or float(np.std(rewards)) > self.dynamic.min_std)
+        lacking = st.size - st.good - st.out
+        if lacking > 0 and st.reserve:
+            self._draw(st, st.reserve[:lacking])
+            del st.reserve[:lacking]
 
     def completed(self) -> Iterator[CompletedStep]:
         """The oldest steps whose groups are all scored, in step order, each once."""
@@ -126,14 +193,28 @@ class StepStream:
             if not st.scored:
                 return
             del self._steps[st.step]
-            order = range(len(st.tasks))
-            outcomes = [o for j in order for o in st.scoring[j].result()]
+            kept = st.kept()
+            outcomes = [o for j in kept for o in st.scoring[j].result()]
             experiences, metrics = scored_experiences(
-                st.tasks, st.prompts, [st.groups[j] for j in order], outcomes,
-                first_group_id=st.first_group_id, step=st.step, version=st.version)
+                [st.tasks[j] for j in kept], [st.prompts[j] for j in kept],
+                [st.groups[j] for j in kept], outcomes,
+                group_ids=[st.group_ids[j] for j in kept], step=st.step, version=st.version)
             assert st.generated is not None
             metrics.update(generate_seconds=self._engine_seconds,
                            reward_seconds=time.monotonic() - st.generated,
                            steps_in_flight=float(len(self._steps) + 1))
+            if self.dynamic is not None:
+                metrics.update(dynamic_metrics(st))
             self._engine_seconds = 0.0
             yield CompletedStep(st.step, st.version, experiences, metrics)
+
+
+def dynamic_metrics(st: _Step) -> dict[str, float]:
+    """`dynamic/*` of a completed step: groups drawn, dropped (drawn and not written), kept
+    although their rewards are all equal (the reserve ran out), and the mean reward of every
+    drawn group (the step's `reward_mean` is of the kept ones only)."""
+    drawn = [o.score for j in range(len(st.tasks)) for o in st.scoring[j].result()]
+    return {"dynamic/drawn_groups": float(len(st.tasks)),
+            "dynamic/dropped_groups": float(len(st.tasks) - st.size),
+            "dynamic/kept_equal_groups": float(max(0, st.size - st.good)),
+            "dynamic/drawn_reward_mean": float(np.mean(drawn))}

@@ -81,9 +81,10 @@ def explore_tasks(engine: HFEngine, tasks: Sequence[Task], settings: SamplingSet
     generate_seconds = time.monotonic() - t0
     t0 = time.monotonic()
     outcomes = score(reward_calls(tasks, groups))
-    experiences, metrics = scored_experiences(tasks, prompts, groups, outcomes,
-                                              first_group_id=first_group_id, step=step,
-                                              version=engine.version)
+    experiences, metrics = scored_experiences(
+        tasks, prompts, groups, outcomes,
+        group_ids=range(first_group_id, first_group_id + len(tasks)), step=step,
+        version=engine.version)
     metrics.update(reward_seconds=time.monotonic() - t0, generate_seconds=generate_seconds)
     return experiences, metrics
 
@@ -97,19 +98,20 @@ def reward_calls(tasks: Sequence[Task], groups: Sequence[Sequence[Completion]],
 
 def scored_experiences(tasks: Sequence[Task], prompts: Sequence[Sequence[int]],
                        groups: Sequence[Sequence[Completion]], outcomes: Sequence[RewardOutcome],
-                       *, first_group_id: int, step: int, version: int,
+                       *, group_ids: Sequence[int], step: int, version: int,
                        ) -> tuple[list[Experience], dict[str, float]]:
     """The records of a step's scored groups (`outcomes` in `reward_calls` order; a failed
-    call scores 0, is logged with its task and marked in the record) and the step's reward
-    metrics (`explore_tasks`)."""
+    call scores 0, is logged with its task and marked in the record; group j's records get
+    `group_ids[j]`) and the step's reward metrics (`explore_tasks`)."""
     outcomes = iter(outcomes)
     experiences: list[Experience] = []
     errors = timeouts = 0
-    for j, (task, prompt, completions) in enumerate(zip(tasks, prompts, groups, strict=True)):
+    for task, prompt, completions, group_id in zip(tasks, prompts, groups, group_ids,
+                                                   strict=True):
         for k, completion in enumerate(completions):
             outcome = next(outcomes)
             experience = completion_to_experience(
-                task, prompt, completion, reward=outcome.score, group_id=first_group_id + j,
+                task, prompt, completion, reward=outcome.score, group_id=group_id,
                 version=version, step=step)
             if outcome.failed:
                 why = outcome.error if outcome.timed_out else f"raised {outcome.error}"

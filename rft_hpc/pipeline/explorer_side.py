@@ -14,9 +14,12 @@ from rft_hpc.buffer.records import Experience
 from rft_hpc.config import ExperimentConfig
 from rft_hpc.core.rundir import RunDir
 from rft_hpc.pipeline.shaping import shape_rewards
-from rft_hpc.pipeline.stream import build_task_stream
+from rft_hpc.pipeline.stream import build_task_stream, task_sets
 from rft_hpc.pipeline.task_stats import TaskStats
 from rft_hpc.tasks.task import Task
+
+RESERVE_GROUPS = 1 << 40
+"""Group ids of dynamic sampling's reserve tasks start here."""
 
 
 def real(experiences: Sequence[Experience]) -> list[Experience]:
@@ -57,7 +60,10 @@ class ExplorerPipeline:
                  committed_step: int) -> None:
         self.config, self.index = config, index
         self.pipe = config.pipeline
-        self.stream = build_task_stream(config)
+        sets = task_sets(config)
+        self.stream = build_task_stream(config, sets=sets)
+        self.reserve = (build_task_stream(config, reserve=True, sets=sets)
+                        if self.pipe.dynamic_sampling.enabled else None)
         self.stats = (TaskStats(run.pipeline_stats(f"explorer-{index}"),
                                 committed_step, durable=config.buffer.fsync)
                       if self.pipe.uses_pass_rates() else None)
@@ -66,6 +72,19 @@ class ExplorerPipeline:
         """This explorer's tasks of `step` (the same after any restart)."""
         rates = self.stats.rates if self.stats is not None else None
         return self.stream.tasks_for(step, self.index, rates)
+
+    def reserve_tasks_for(self, step: int) -> list[tuple[Task, int]]:
+        """The tasks dynamic sampling may draw at `step`, in the order it draws them, with
+        their group ids (the same after any restart); [] when it is off. Reserve group ids
+        are `RESERVE_GROUPS` plus the task's position in the reserve stream: apart from the
+        main stream's ids (its positions) and unique across explorers and steps."""
+        if self.reserve is None:
+            return []
+        rates = self.stats.rates if self.stats is not None else None
+        tasks = self.reserve.tasks_for(step, self.index, rates)
+        first = RESERVE_GROUPS + (step * self.reserve.explorers + self.index) * \
+            self.reserve.tasks_per_step
+        return [(t, first + r) for r, t in enumerate(tasks)]
 
     def process(self, step: int, experiences: Sequence[Experience]) -> dict[str, float]:
         """Record the step's pass rates, shape the rewards in place; returns the metrics.

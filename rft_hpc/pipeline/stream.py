@@ -120,8 +120,19 @@ def task_sets(config: ExperimentConfig) -> list[TaskSet]:
     return out
 
 
-def build_task_stream(config: ExperimentConfig) -> MixedTaskStream:
-    """The task stream every explorer of `config` shares."""
-    return MixedTaskStream(task_sets(config), seed=config.run.seed,
-                           explorers=config.explorer.count,
-                           tasks_per_step=config.explorer.tasks_per_step)
+RESERVE_SEED = 0x5EED
+"""Mixed into the run's seed for the reserve stream of dynamic sampling."""
+
+
+def build_task_stream(config: ExperimentConfig, *, reserve: bool = False,
+                      sets: Sequence[TaskSet] | None = None) -> MixedTaskStream:
+    """The task stream every explorer of `config` shares; `reserve`: the stream of the tasks
+    dynamic sampling draws when it drops a group (`pipeline.dynamic_sampling`), seeded apart
+    from the main stream, `max_groups - tasks_per_step` slots per explorer step."""
+    per_step = config.explorer.tasks_per_step
+    seed = config.run.seed
+    if reserve:
+        per_step = max(1, config.pipeline.dynamic_sampling.budget(per_step) - per_step)
+        seed = int(np.random.SeedSequence([seed, RESERVE_SEED]).generate_state(1)[0])
+    return MixedTaskStream(task_sets(config) if sets is None else sets, seed=seed,
+                           explorers=config.explorer.count, tasks_per_step=per_step)

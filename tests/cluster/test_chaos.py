@@ -63,9 +63,12 @@ def test_trainer_signals_killed_explorers_and_a_requeued_array_lose_nothing(
         wait_until(running_at(run, "trainer", 3 * n + 2, restarts=n), what=f"trainer life {n}")
         slurm(["scancel", "--signal=USR2", trainer], slurm_env)
     wait_until(running_at(run, "trainer", 0, restarts=3), what="trainer after 3 signals")
-    # (b) explorer 0's process SIGKILLed mid-step, twice: its job requeues itself
+    # (b) explorer 0's process SIGKILLed with requests in flight (a step written, the next
+    # submitted, at one step ahead of the weights), twice: its job requeues itself and redoes
+    # the uncommitted steps
     for n in range(2):
-        wait_until(running_at(run, "explorer-0", 1, restarts=n), what=f"explorer life {n}")
+        wait_until(running_at(run, "explorer-0", 1, restarts=n, in_flight=1),
+                   what=f"explorer life {n} with a step in flight")
         os.kill(heartbeat(run, "explorer-0")["pid"], signal.SIGKILL)
     # (c) the whole explorer array requeued by the operator, both tasks running
     wait_until(running_at(run, "explorer-0", 1, restarts=2), what="explorer 0 back")

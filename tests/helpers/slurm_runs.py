@@ -116,12 +116,15 @@ def wait_until(predicate: Callable[[], bool], timeout: float = 180, what: str = 
         time.sleep(0.2)
 
 
-def running_at(run: Path, role: str, step: int, restarts: int = 0) -> Callable[[], bool]:
-    """A predicate: `role` runs, at `step` or later, in its `restarts`-th restart or later."""
+def running_at(run: Path, role: str, step: int, restarts: int = 0,
+               in_flight: int = 0) -> Callable[[], bool]:
+    """A predicate: `role` runs, at `step` or later, in its `restarts`-th restart or later,
+    with at least `in_flight` streamed steps submitted and not yet written (explorers)."""
     def check() -> bool:
         beat = heartbeat(run, role)
         return (beat.get("status") == "running" and beat.get("step", -1) >= step
-                and beat.get("restarts", 0) >= restarts)
+                and beat.get("restarts", 0) >= restarts
+                and beat.get("steps_in_flight", 0) >= in_flight)
     return check
 
 

@@ -46,7 +46,8 @@ def test_steps_in_flight_are_committed_in_order_with_the_step_barriers_records(t
         # step 0's rewards are slow: steps 1 and 2 are generated and scored meanwhile
         plan = {0: tasks(0, SLOW, seconds=1.0), 1: tasks(1), 2: tasks(2)}
         for step, ts in plan.items():
-            stream.submit(step, ts, first_group_id=10 * step, seed=100 + step)
+            stream.submit(step, ts, group_ids=range(10 * step, 10 * step + len(ts)),
+                          seed=100 + step)
         assert not stream.has_room and len(stream) == 3
         got = []
         while len(stream):
