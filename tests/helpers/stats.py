@@ -1,0 +1,17 @@
+"""Paired comparisons of two versions' held-out answers (the same problems, right or wrong)."""
+
+from __future__ import annotations
+
+import math
+
+
+def mcnemar_p(before: list[bool], after: list[bool]) -> tuple[float, int, int]:
+    """One-sided exact McNemar p-value that `after` is no better than `before` (paired, the
+    same tasks), with b (wrong -> right) and c (right -> wrong).
+
+    Under "no difference" each discordant problem flips either way with probability 1/2, so
+    b is Binomial(b + c, 1/2) and p = P(X >= b)."""
+    b = sum(a and not w for w, a in zip(before, after, strict=True))
+    c = sum(w and not a for w, a in zip(before, after, strict=True))
+    n = b + c
+    return sum(math.comb(n, i) for i in range(b, n + 1)) / 2 ** n, b, c
