@@ -32,9 +32,10 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
 
 
 def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
-    """`-n auto` (pyproject's addopts): one worker per core this process may use, at most
-    4 (each worker runs role processes of its own; more would only queue for the cores)."""
-    return max(1, min(4, len(os.sched_getaffinity(0))))
+    """`-n auto` (pyproject's addopts): one worker more than the cores this process may use,
+    at most 4. Most tests wait on processes, Slurm and files: on 2 cores, two workers kept
+    the cores 58 % busy (588 tests in 1138 s), three 66 % (1004 s)."""
+    return max(1, min(4, len(os.sched_getaffinity(0)) + 1))
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
