@@ -108,15 +108,17 @@ _STALENESS = "staleness/mean"
 
 def _plot_off_policy(ax: Any, mismatch: list[tuple[str, list[tuple[int, float]]]],
                      staleness: list[tuple[str, list[tuple[int, float]]]]) -> None:
-    """The mismatch KL on a log axis (it spans orders of magnitude, and is 0 only where
-    the engine and trainer agree exactly) and the staleness on a second axis."""
+    """The mismatch KL on a log axis (it spans orders of magnitude; steps where the engine
+    and the trainer agreed exactly, KL 0, have no point) and the staleness on a second
+    axis."""
     for name, points in mismatch:
-        steps, values = zip(*points, strict=True)
-        ax.plot(steps, [max(v, 1e-12) for v in values], color="tab:red",
-                label=f"mismatch KL ({name})")
+        positive = [(step, v) for step, v in points if v > 0]
+        if positive:
+            ax.plot(*zip(*positive, strict=True), color="tab:red", marker=".",
+                    label=f"mismatch KL ({name})")
     ax.set(title="off-policy: engine vs trainer, staleness", xlabel="trainer step (all stages)",
            ylabel="mismatch KL (k3, token mean)")
-    if mismatch:
+    if any(v > 0 for _, points in mismatch for _, v in points):
         ax.set_yscale("log")
     if staleness:
         twin = ax.twinx()
