@@ -1,0 +1,63 @@
+"""The example configs that no other test runs, run shrunk to a few steps as `rft-hpc run`
+runs them: the SFT warm-up (configs/sft.yaml) and SFT-then-DPO (configs/dpo.yaml). The others
+run elsewhere: demo and the RL algorithms in test_rl_algorithms_learn.py, pipeline.yaml in
+test_pipeline_run.py, multiturn.yaml in test_multiturn.py, the CPU recipe in
+test_real_workload.py; the GPU recipe is validated and rendered in test_slurm_launch.py."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+from helpers.paths import ROOT
+from helpers.runs import rft
+
+from rft_hpc.core.rundir import read_jsonl
+
+SHRUNK = {
+    # config -> (overrides, {stage folder: trainer steps})
+    "sft.yaml": (("trainer.steps=4", "trainer.save_interval=4"), {"0-main": 4}),
+    "dpo.yaml": (("stages.0.trainer.steps=4", "stages.0.trainer.save_interval=4",
+                  "stages.1.trainer.steps=3", "stages.1.trainer.save_interval=3"),
+                 {"0-sft": 4, "1-dpo": 3}),
+}
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("config", list(SHRUNK))
+def test_an_example_config_runs_shrunk(tmp_path: Path, config: str) -> None:
+    overrides, stages = SHRUNK[config]
+    sets = (f"run.root={tmp_path}", f"model.path={tmp_path}/models/tiny",
+            "tasks.eval_size=16", "eval.interval=2", *overrides)
+    result = rft("run", ROOT / "configs" / config, *[a for s in sets for a in ("--set", s)],
+                 timeout=540)
+    assert result.returncode == 0, result.stderr[-3000:]
+    run = next(p.parent for p in tmp_path.glob("*/summary.json"))
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["trainer"]["steps"] == sum(stages.values()), summary["trainer"]
+    for folder, steps in stages.items():
+        trained = [m for m in read_jsonl(run / "stages" / folder / "metrics" / "trainer.jsonl")
+                   if "loss" in m]
+        assert len(trained) == steps, (folder, trained)
+    assert (run / "report.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_the_gpu_recipe_validates_and_renders_with_its_paths_set(tmp_path: Path) -> None:
+    """configs/recipes/gsm8k-gpu.yaml cannot run here (GPUs); with MODEL_DIR, DATA_DIR and
+    RUN_ROOT pointing at a tiny Qwen2 chat model and word problems in GSM8K's layout it
+    validates (its data read) and renders every role's sbatch script."""
+    env = {**os.environ, "MODEL_DIR": str(tmp_path / "model"),
+           "DATA_DIR": str(tmp_path / "data"), "RUN_ROOT": str(tmp_path / "runs")}
+    steps = (("model", "init", "tiny", "--arch", "qwen2", "--chat", "--out", env["MODEL_DIR"]),
+             ("data", "wordproblems", "--out", env["DATA_DIR"], "--train", "200",
+              "--test", "50"),
+             ("validate", "configs/recipes/gsm8k-gpu.yaml"),
+             ("render", "configs/recipes/gsm8k-gpu.yaml", "--out", str(tmp_path / "scripts")))
+    for args in steps:
+        result = rft(*args, env=env, timeout=300)
+        assert result.returncode == 0, (args, result.stdout[-2000:], result.stderr[-2000:])
+    scripts = sorted(p.name for p in (tmp_path / "scripts").iterdir())
+    assert "submit.sh" in scripts and any("explorer" in s for s in scripts) \
+        and any("trainer" in s for s in scripts), scripts
