@@ -22,8 +22,11 @@ step. It measures, each figure beside the limit it is held to, in the same run:
     delay), and the trainer's busy fraction (its step time not spent waiting for data).
 
 A loop's rate is taken from the trainer's metrics between its 3rd and last step (start-up,
-the first weights and the first batch left out). Targets (issue 15): (b) >= 0.9, (c) sync
->= 0.9 and async >= 0.85, (d) async / sync >= 2.5 with busy >= 0.9. Needs 2+ cores.
+the first weights and the first batch left out). Under each loop it prints where a step's
+time goes: the medians of the trainer's step, training, publishing (`sync_seconds`) and
+waiting for data, and of the explorer's step, generating, scoring and waiting for weights.
+Targets (issue 15): (b) >= 0.9, (c) sync >= 0.9 and async >= 0.85, (d) async / sync >= 2.5
+with busy >= 0.9. Needs 2+ cores.
 """
 
 from __future__ import annotations
@@ -129,16 +132,32 @@ def run_loop(work: Path, name: str, config_path: Path, *sets: str) -> dict:
                            *args], capture_output=True, text=True, cwd=REPO, timeout=1800)
     if proc.returncode:
         raise SystemExit(f"{name}: rft-hpc run failed\n{proc.stderr[-3000:]}")
-    metrics = next(root.glob("**/metrics/trainer.jsonl"))
-    rows = [r for r in map(json.loads, metrics.read_text().splitlines())
+    rows = [r for r in read_jsonl_rows(next(root.glob("**/metrics/trainer.jsonl")))
             if "train_seconds" in r]
     rows = rows[WARM:]
     wall = rows[-1]["time"] - rows[0]["time"]
     steps = rows[1:]  # each of these ends `seconds` after the one before
     busy = sum(r["seconds"] - r.get("wait_seconds", 0.0) for r in steps) / \
         sum(r["seconds"] for r in steps)
+    explorer = read_jsonl_rows(next(root.glob("**/metrics/explorer-0.jsonl")))[WARM + 1:]
     return {"completions_per_s": len(steps) * BATCH / wall, "busy": busy, "wall_s": wall,
-            "total_s": time.perf_counter() - t0}
+            "total_s": time.perf_counter() - t0,
+            "trainer_ms": medians_ms(steps, ("seconds", "train_seconds", "sync_seconds",
+                                             "wait_seconds")),
+            "explorer_ms": medians_ms(explorer, ("seconds", "generate_seconds",
+                                                 "reward_seconds", "wait_seconds"))}
+
+
+def read_jsonl_rows(path: Path) -> list[dict]:
+    """The JSON objects of a metrics file, one per line."""
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def medians_ms(rows: list[dict], keys: tuple[str, ...]) -> dict[str, float]:
+    """Each key's median over the rows that have it, in milliseconds: where a loop's step
+    time goes (a role's step `seconds` = its work + publishing or committing + waiting)."""
+    return {k: round(statistics.median(r[k] for r in rows if k in r) * 1e3, 1)
+            for k in keys if any(k in r for r in rows)}
 
 
 def bench(work: Path, steps: int) -> dict:
@@ -199,6 +218,8 @@ def report(r: dict) -> None:
         print(f"{label:34} {x['completions_per_s']:7.1f} completions/s, limit "
               f"{x['limit']:7.1f} ({limit}): ratio {x['ratio']:.3f} (target >= {target}) "
               f"{'ok' if x['ratio'] >= target else 'MISSED'}")
+        print(f"{'':34} step medians, ms: trainer {x['trainer_ms']}, explorer "
+              f"{x['explorer_ms']}")
     d = r["d_tail"]
     print(f"(d) long tail (1 task in 8 waits {d['delay_s'] * 1e3:.0f} ms): sync "
           f"{d['sync']['completions_per_s']:.1f}, async (offset {d['offset']}, "
