@@ -13,6 +13,8 @@ from rft_hpc.run.stages import StageSeconds, finished_stages
 
 SUMMARY_VERSION = 1
 _EVAL_KEYS = ("version", "taskset", "metric", "accuracy", "tasks")
+_MISMATCH = "correction/mismatch_kl"
+_STALENESS = "staleness/mean"
 
 
 def write_summary(run: RunDir, stages: list[dict[str, Any]], *,
@@ -100,10 +102,6 @@ def write_report(run: RunDir, stages: list[dict[str, Any]]) -> Path:
     fig.savefig(path, dpi=100)
     plt.close(fig)
     return path
-
-
-_MISMATCH = "correction/mismatch_kl"
-_STALENESS = "staleness/mean"
 
 
 def _plot_off_policy(ax: Any, mismatch: list[tuple[str, list[tuple[int, float]]]],

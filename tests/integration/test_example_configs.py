@@ -2,7 +2,7 @@
 runs them: the SFT warm-up (configs/sft.yaml) and SFT-then-DPO (configs/dpo.yaml). The others
 run elsewhere: demo and the RL algorithms in test_rl_algorithms_learn.py, pipeline.yaml in
 test_pipeline_run.py, multiturn.yaml in test_multiturn.py, the CPU recipe in
-test_real_workload.py; the GPU recipe is validated and rendered in test_slurm_launch.py."""
+test_real_workload.py. The GPU recipe cannot run here: it is validated and rendered."""
 
 from __future__ import annotations
 

@@ -125,6 +125,8 @@ def measure(kind: str, config_path: Path, cpus: list[int], reps: int = 7) -> flo
 def run_loop(work: Path, name: str, config_path: Path, *sets: str) -> dict:
     """`rft-hpc run` of the bench config with `--set`s; the trainer's rate after warm-up:
     completions/s, the trainer's busy fraction, wall seconds of the measured steps."""
+    from rft_hpc.monitor.metrics import read_metrics
+
     root = work / name
     args = [a for s in (f"run.root={root}", *sets) for a in ("--set", s)]
     t0 = time.perf_counter()
@@ -132,25 +134,20 @@ def run_loop(work: Path, name: str, config_path: Path, *sets: str) -> dict:
                            *args], capture_output=True, text=True, cwd=REPO, timeout=1800)
     if proc.returncode:
         raise SystemExit(f"{name}: rft-hpc run failed\n{proc.stderr[-3000:]}")
-    rows = [r for r in read_jsonl_rows(next(root.glob("**/metrics/trainer.jsonl")))
+    rows = [r for r in read_metrics(next(root.glob("**/metrics/trainer.jsonl")))
             if "train_seconds" in r]
     rows = rows[WARM:]
     wall = rows[-1]["time"] - rows[0]["time"]
     steps = rows[1:]  # each of these ends `seconds` after the one before
     busy = sum(r["seconds"] - r.get("wait_seconds", 0.0) for r in steps) / \
         sum(r["seconds"] for r in steps)
-    explorer = read_jsonl_rows(next(root.glob("**/metrics/explorer-0.jsonl")))[WARM + 1:]
+    explorer = read_metrics(next(root.glob("**/metrics/explorer-0.jsonl")))[WARM + 1:]
     return {"completions_per_s": len(steps) * BATCH / wall, "busy": busy, "wall_s": wall,
             "total_s": time.perf_counter() - t0,
             "trainer_ms": medians_ms(steps, ("seconds", "train_seconds", "sync_seconds",
                                              "wait_seconds")),
             "explorer_ms": medians_ms(explorer, ("seconds", "generate_seconds",
                                                  "reward_seconds", "wait_seconds"))}
-
-
-def read_jsonl_rows(path: Path) -> list[dict]:
-    """The JSON objects of a metrics file, one per line."""
-    return [json.loads(line) for line in path.read_text().splitlines()]
 
 
 def medians_ms(rows: list[dict], keys: tuple[str, ...]) -> dict[str, float]:
