@@ -22,6 +22,7 @@ from rft_hpc.buffer.sampling import PoolItem, build_pool
 from rft_hpc.buffer.segment import CorruptSegment, Segment, read_segment, segment_name
 from rft_hpc.buffer.segment import committed_segments as list_segments
 from rft_hpc.config.buffer import BufferConfig
+from rft_hpc.core.watch import FolderWatch
 
 log = logging.getLogger(__name__)
 
@@ -79,6 +80,7 @@ class BufferReader:
         self._refs: Counter[tuple[str, int]] = Counter()
         self.skipped: list[dict[str, Any]] = []
         self.counters: Counter[str] = Counter()
+        self._watch: FolderWatch | None = None
         if state is not None:
             self._load_state(state)
 
@@ -97,6 +99,16 @@ class BufferReader:
                 added += n
         return added
 
+    @property
+    def changes(self) -> FolderWatch:
+        """A watch on the buffer folder and its writers' folders (made on first use, kept
+        up to date by `poll`): a waiter for new segments wakes as soon as one is committed
+        on this node (`core.watch`)."""
+        if self._watch is None:
+            self._watch = FolderWatch(self.buffer_dir,
+                                      *(self.buffer_dir / w for w in self._listed))
+        return self._watch
+
     def _first_look(self, writer: str) -> bool:
         """List a writer's folder once per reader object: where to start, what exists.
 
@@ -110,6 +122,8 @@ class BufferReader:
             return False
         self._next.setdefault(writer, starts[0])
         self._listed[writer] = starts[-1]
+        if self._watch is not None:
+            self._watch.add(self.buffer_dir / writer)
         return True
 
     def _poll_one(self, writer: str) -> int | None:

@@ -35,6 +35,12 @@ class SyncConfig(ConfigSection):
     """With nccl/mpi: receivers verify a CRC32 of every version (one more pass over the
     weights on each side)."""
 
+    background: bool = True
+    """With `checkpoint`: the trainer copies each version to host memory and a background
+    thread writes its files while the next step trains (one write in flight: the next
+    publish waits for it). Costs one extra host copy of the weights; off, the trainer
+    writes the files itself before it trains on."""
+
     idle_publish: float = Field(5.0, ge=0.0)
     """With nccl/mpi: seconds the trainer waits for data before it also writes its current
     weights as files, so that an explorer that (re)started after the last broadcast can go

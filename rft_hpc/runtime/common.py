@@ -13,6 +13,7 @@ import yaml
 
 from rft_hpc.config import ExperimentConfig, load_config
 from rft_hpc.core.rundir import RunDir, atomic_write_json, atomic_write_text, read_json
+from rft_hpc.core.watch import FolderWatch
 from rft_hpc.runtime.lifecycle import RequeueRequested
 from rft_hpc.runtime.placement import role_threads
 from rft_hpc.runtime.signals import STOP_SIGNALS, take_early
@@ -66,11 +67,16 @@ class StopFlag:
         if self.reason in ("requeue", "walltime"):
             raise RequeueRequested(self.reason)
 
-    def sleep(self, seconds: float) -> bool:
-        """Sleep up to `seconds`, waking early on a stop signal; True if stopped."""
+    def sleep(self, seconds: float, watch: FolderWatch | None = None) -> bool:
+        """Sleep up to `seconds`, waking early on a stop signal or, with `watch`, as soon as
+        a watched folder changes; True if stopped."""
         deadline = time.monotonic() + seconds
         while not self and time.monotonic() < deadline:
-            time.sleep(min(0.02, max(0.0, deadline - time.monotonic())))
+            left = min(0.02 if watch is None else 0.1, max(0.0, deadline - time.monotonic()))
+            if watch is None:
+                time.sleep(left)
+            elif watch.wait(left):
+                break
         return bool(self)
 
 

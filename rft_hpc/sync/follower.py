@@ -13,6 +13,7 @@ from typing import Any
 
 from rft_hpc.config import ExperimentConfig
 from rft_hpc.core.rundir import RunDir
+from rft_hpc.core.watch import FolderWatch
 from rft_hpc.runtime.common import StopFlag, role_status
 from rft_hpc.runtime.lifecycle import JobClock
 from rft_hpc.sync.checkpoint import WeightsGone, latest_weights_version, load_weights
@@ -48,6 +49,7 @@ class WeightFollower:
         self.read_buffer = ReadBuffer()  # the engine copies weights in: reuse it every load
         self.waited = 0.0
         self.fallbacks = 0
+        self.published = FolderWatch(run.weights)  # woken when LATEST is replaced
 
     def refresh(self) -> int:
         """Swap in the newest version: one that came over the fabric, else files.
@@ -83,7 +85,9 @@ class WeightFollower:
             while self.refresh() < version:
                 if self.clock is not None and not self.clock.next_step_fits():
                     self.stop.out_of_time()
-                if self._trainer_done() or self.stop.sleep(poll):
+                if not self.published.active:  # the trainer had not published yet
+                    self.published.add(self.run.weights)
+                if self._trainer_done() or self.stop.sleep(poll, self.published):
                     return False
             return True
         finally:
@@ -107,5 +111,6 @@ class WeightFollower:
 
     def close(self) -> None:
         """Stop receiving."""
+        self.published.close()
         if self.receiver is not None:
             self.receiver.close()

@@ -1,6 +1,7 @@
 """The trainer's side of weight sync: every new version goes out by `sync.method`.
 
-`checkpoint` writes versioned files (sync/checkpoint.py). `nccl` (gloo on CPUs) and `mpi`
+`checkpoint` writes versioned files (sync/checkpoint.py), by default on a background thread
+while the next step trains (sync/background.py, `sync.background`). `nccl` (gloo on CPUs) and `mpi`
 broadcast the weights to the explorers over the fabric (sync/collective.py, sync/mpi.py);
 when such a sync fails or outlasts `sync.timeout`, that version is written as files instead
 and counted (`sync_fallbacks`), so no role ever hangs on a dead peer. Files are also written
@@ -22,6 +23,7 @@ import torch
 from rft_hpc.config import ExperimentConfig
 from rft_hpc.core.rundir import RunDir
 from rft_hpc.runtime.common import role_status
+from rft_hpc.sync.background import BackgroundWeightWriter
 from rft_hpc.sync.checkpoint import latest_weights_version, publish_weights
 from rft_hpc.sync.fabric import SyncFailed
 
@@ -48,21 +50,39 @@ class WeightPublisher:
         self.device = device
         self.fallbacks = 0
         self.files_version = latest_weights_version(run.weights)
+        """The newest version written as files, or being written in the background."""
         self._sender: Any = None
+        self._writer = (BackgroundWeightWriter(run.weights, keep_also)
+                        if self.method == "checkpoint" and config.sync.background else None)
 
     def publish(self, state_dict: Mapping[str, torch.Tensor], version: int) -> dict[str, float]:
-        """Send `version` to the explorers; returns the sync's metrics."""
+        """Send `version` to the explorers; returns the sync's metrics (`sync_seconds`: the
+        trainer's time in it; with background writes, `sync_write_seconds`: the last
+        finished write's)."""
         t0 = time.monotonic()
-        if self.method == "checkpoint" or self._an_explorer_finished() or not self._send(
+        values = {}
+        if self._writer is not None and self.files_version != version:
+            self._writer.submit(state_dict, version)
+            self.files_version = version
+            values["sync_write_seconds"] = self._writer.write_seconds
+        elif self.method == "checkpoint" or self._an_explorer_finished() or not self._send(
                 state_dict, version):
             self.write_files(state_dict, version)
-        return {"sync_seconds": time.monotonic() - t0, "sync_fallbacks": float(self.fallbacks)}
+        return {**values, "sync_seconds": time.monotonic() - t0,
+                "sync_fallbacks": float(self.fallbacks)}
 
     def write_files(self, state_dict: Mapping[str, torch.Tensor], version: int) -> None:
-        """Make `version` the newest weights on the filesystem (once)."""
+        """Make `version` the newest weights on the filesystem (once); returns when they
+        are there."""
+        self.flush()
         if self.files_version != version:
             publish_weights(self.run.weights, state_dict, version, keep_also=self.keep_also)
             self.files_version = version
+
+    def flush(self) -> None:
+        """Wait until every version published so far is on the filesystem."""
+        if self._writer is not None:
+            self._writer.wait()
 
     def _send(self, state_dict: Mapping[str, torch.Tensor], version: int) -> bool:
         try:
@@ -100,6 +120,10 @@ class WeightPublisher:
                    for i in range(self.config.explorer.count))
 
     def close(self) -> None:
-        """Tell the explorers no more versions come by the fabric."""
-        if self._sender is not None:
-            self._sender.close()
+        """Finish the write in flight; tell the explorers no more versions come by the
+        fabric."""
+        try:
+            self.flush()
+        finally:
+            if self._sender is not None:
+                self._sender.close()

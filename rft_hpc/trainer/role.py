@@ -80,7 +80,7 @@ def next_batch(reader: BufferReader, n: int, version: int, *, config: Experiment
             return batch if len(batch) else None
         if idle is not None:
             idle()
-        if stop.sleep(config.buffer.poll_interval):
+        if stop.sleep(config.buffer.poll_interval, reader.changes):
             return None
     return batch
 
@@ -223,6 +223,7 @@ def _lead(trainer: Trainer, run: RunDir, stop: StopFlag, saved: TrainerState | N
 
     def save() -> None:
         t0 = time.monotonic()
+        publisher.flush()  # a checkpoint's version is on the filesystem before it is saved
         if trainer.sharded:
             followers.send("checkpoint")
         model, optimizer = trainer.checkpoint_parts()

@@ -1,0 +1,61 @@
+"""Writing weight versions as files on a background thread while the trainer trains on.
+
+The trainer's step must not wait for the filesystem: `submit` copies the version to host
+memory (the next optimizer step changes the live tensors) and returns; a thread writes it
+with `publish_weights`, which makes it visible to the explorers only when it is complete
+(docs/weights-format.md). One write is in flight at a time, so versions land in order and at
+most one extra host copy of the weights exists; a write that failed raises in the trainer at
+its next `submit`, `wait` or `close`, never silently.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Collection, Mapping
+from pathlib import Path
+
+import torch
+
+from rft_hpc.sync.checkpoint import publish_weights
+
+
+class BackgroundWeightWriter:
+    """Publishes weight versions to `weights_dir` on one background thread, in order."""
+
+    def __init__(self, weights_dir: Path, keep_also: Collection[int] = ()) -> None:
+        self.weights_dir, self.keep_also = weights_dir, keep_also
+        self.write_seconds = 0.0
+        """How long the last finished write took (its thread's wall time)."""
+        self._thread: threading.Thread | None = None
+        self._error: BaseException | None = None
+
+    def submit(self, state_dict: Mapping[str, torch.Tensor], version: int) -> float:
+        """Start writing `version` (a host copy of `state_dict` taken now); returns the
+        seconds spent waiting for the previous write to finish."""
+        waited = self.wait()
+        snapshot = {name: t.detach().to("cpu", copy=True) for name, t in state_dict.items()}
+        self._thread = threading.Thread(target=self._write, args=(snapshot, version),
+                                        name=f"weights-writer-v{version}", daemon=True)
+        self._thread.start()
+        return waited
+
+    def _write(self, snapshot: dict[str, torch.Tensor], version: int) -> None:
+        t0 = time.monotonic()
+        try:
+            publish_weights(self.weights_dir, snapshot, version, keep_also=self.keep_also)
+        except BaseException as exc:  # handed to the trainer's thread by `wait`
+            self._error = exc
+        self.write_seconds = time.monotonic() - t0
+
+    def wait(self) -> float:
+        """Block until the write in flight (if any) is on the filesystem; re-raise its
+        error. Returns the seconds waited."""
+        t0 = time.monotonic()
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+        if self._error is not None:
+            error, self._error = self._error, None
+            raise error
+        return time.monotonic() - t0
