@@ -72,4 +72,5 @@ class BufferConfig(ConfigSection):
     """How many times one record may be trained on (1 = exactly once; more = replay)."""
 
     poll_interval: float = Field(1.0, gt=0.0)
-    """Seconds between the trainer's polls for new segments while it waits for data."""
+    """Seconds between the trainer's polls for new segments while it waits for data (a
+    segment committed on the trainer's own node wakes it at once: `core/watch.py`)."""
