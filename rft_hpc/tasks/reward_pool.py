@@ -7,8 +7,12 @@ thread, and the CPU it spins on, for the rest of the run, and a pool of such thr
 dry; a process can always be killed. The workers are forked from the role's fork server
 (`rft_hpc.core.forkserver`, never from the role with its torch threads), import the
 rewards once, and score one call at a time; a call that overruns its limit gets its worker
-killed and replaced, and its rollout scores 0. A call runs in its worker's main thread, so
-rewards that rely on SIGALRM work there too.
+killed and replaced, and its rollout scores 0. The queued calls are dealt out in even
+chunks over the idle workers, a chunk never mixing two batches (one message a chunk, one
+reply a call), so that a slow batch holds no other batch's calls: with fewer workers
+than calls a step's rewards cost a few messages, not one round trip each, and each call
+still has its own time limit (counted from the reply before it). A call runs in its
+worker's main thread, so rewards that rely on SIGALRM work there too.
 
 Each outcome says whether the call raised (`error`) or overran (`timed_out`); counting them
 and deciding when too many failed is the caller's business (the explorer,
@@ -79,7 +83,8 @@ def _describe(exc: BaseException) -> str:
 
 
 def _serve(conn: Connection) -> None:
-    """A worker: score `(index, task, response)` messages until None or the pipe closes."""
+    """A worker: score each call of a `[(task, response), ...]` message, replying once per
+    call in order, until None or the pipe closes."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the explorer stops its workers itself
     from rft_hpc.tasks.rewards import call_reward
 
@@ -91,15 +96,15 @@ def _serve(conn: Connection) -> None:
             return
         if message is None:
             return
-        index, task, response = message
-        try:
-            conn.send((index, "ok", call_reward(task, response)))
-        except (Exception, SystemExit) as exc:  # reported, scored 0; the worker goes on
-            conn.send((index, "error", _describe(exc)))
+        for task, response in message:
+            try:
+                conn.send((0, "ok", call_reward(task, response)))
+            except (Exception, SystemExit) as exc:  # reported, scored 0; the worker goes on
+                conn.send((0, "error", _describe(exc)))
 
 
 class _Worker:
-    """One worker process and the call it is busy with."""
+    """One worker process and the calls it is busy with."""
 
     def __init__(self) -> None:
         ctx = forkserver_context(_PRELOAD)
@@ -109,17 +114,19 @@ class _Worker:
         self.proc.start()
         child.close()
         self.ready = False
-        self.busy: tuple[Scoring, int] | None = None
-        """The call it is scoring: (its batch, its index there)."""
+        self.busy: deque[tuple[Scoring, int]] = deque()
+        """The calls it was sent and has not answered, in order: (their batch, index)."""
         self.deadline = time.monotonic() + START_SECONDS
 
-    def send(self, busy: tuple[Scoring, int], call: RewardCall, timeout: float) -> bool:
-        """Start scoring `call` (`busy`: its batch and index); False when the worker is gone."""
+    def send(self, chunk: list[tuple[Scoring, int]], timeout: float) -> bool:
+        """Start scoring the calls `chunk` names (each: its batch and index there); False
+        when the worker is gone."""
         try:
-            self.conn.send((busy[1], *call))
+            self.conn.send([scoring.calls[index] for scoring, index in chunk])
         except (OSError, ValueError):
             return False
-        self.busy, self.deadline = busy, time.monotonic() + timeout
+        self.busy.extend(chunk)
+        self.deadline = time.monotonic() + timeout
         return True
 
     def close(self, kill: bool = False) -> None:
@@ -196,18 +203,23 @@ class RewardPool:
     @property
     def busy(self) -> bool:
         """Whether calls are queued or being scored."""
-        return bool(self._todo) or any(w.busy is not None for w in self._workers)
+        return bool(self._todo) or any(w.busy for w in self._workers)
 
     def pump(self, timeout: float | None = 0.0) -> None:
         """Start queued calls on idle workers, then wait up to `timeout` seconds (None: until
         something happens) for results, timeouts and started workers, and take them in."""
-        for w in list(self._workers):
-            if w.ready and w.busy is None and self._todo:
-                scoring, index = self._todo.popleft()
-                if not w.send((scoring, index), scoring.calls[index], self.timeout):
-                    self._todo.appendleft((scoring, index))  # died idle: not the call's fault
-                    self._replace(w)
-        waiting = [w for w in self._workers if w.busy is not None or not w.ready]
+        idle = [w for w in self._workers if w.ready and not w.busy]
+        for n, w in enumerate(idle):
+            if not self._todo:
+                break
+            size = -(-len(self._todo) // (len(idle) - n))  # even chunks over the idle ones
+            chunk = [self._todo.popleft()]
+            while len(chunk) < size and self._todo and self._todo[0][0] is chunk[0][0]:
+                chunk.append(self._todo.popleft())  # a chunk holds calls of one batch only
+            if not w.send(chunk, self.timeout):
+                self._todo.extendleft(reversed(chunk))  # died idle: not the calls' fault
+                self._replace(w)
+        waiting = [w for w in self._workers if w.busy or not w.ready]
         if not waiting:
             return
         left = min(w.deadline for w in waiting) - time.monotonic()
@@ -216,36 +228,40 @@ class RewardPool:
         readable = set(wait([w.conn for w in waiting], timeout=max(left, 0.0)))
         for w in waiting:
             if w.conn in readable:
-                self._receive(w)
+                while self._receive(w) and (w.busy or not w.ready) and w.conn.poll():
+                    pass  # every reply already there
             elif time.monotonic() >= w.deadline:
                 self._overran(w)
 
-    def _receive(self, w: _Worker) -> None:
+    def _receive(self, w: _Worker) -> bool:
+        """Take in one message of `w`; False when `w` died (and was replaced)."""
         try:
             _, status, value = w.conn.recv()
         except (EOFError, OSError):
             w.proc.join(1.0)
             code = w.proc.exitcode
-            if w.busy is None:
+            if not w.busy:
                 self._check_started(w, f"it died (exit code {code})")
             else:
                 self._finish(w, RewardOutcome(
                     error=f"the reward's process died (exit code {code})"))
             self._replace(w)
-            return
+            return False
         if status == "ready":
             w.ready = True
         else:
             self._finish(w, RewardOutcome(float(value)) if status == "ok"
                          else RewardOutcome(error=str(value)))
+            w.deadline = time.monotonic() + self.timeout  # the next call's limit starts
+        return True
 
     def _finish(self, w: _Worker, outcome: RewardOutcome) -> None:
-        scoring, index = w.busy  # type: ignore[misc]
+        """Give the worker's oldest call `outcome`."""
+        scoring, index = w.busy.popleft()
         scoring.put(index, outcome)
-        w.busy = None
 
     def _overran(self, w: _Worker) -> None:
-        if w.busy is None:
+        if not w.busy:
             self._check_started(w, f"it did not start within {START_SECONDS:.0f} s")
         self._finish(w, RewardOutcome(error=f"timed out (no result within {self.timeout:g} s)",
                                       timed_out=True))
@@ -256,7 +272,11 @@ class RewardPool:
             raise RuntimeError(f"a reward worker process failed to start: {why}")
 
     def _replace(self, w: _Worker) -> None:
-        w.close(kill=True)  # it died, or overran: nothing to wait for
+        """Kill `w` (it died, or overran) and start another; its calls that were not
+        reached go back to the front of the queue."""
+        self._todo.extendleft(reversed(w.busy))
+        w.busy.clear()
+        w.close(kill=True)
         self.restarts += 1
         i = self._workers.index(w)
         self._workers[i] = _Worker()
