@@ -4,8 +4,8 @@ The trainer records which buffer records every step consumed and which weights i
 published; explorers record each step they wrote; every process records its start (with the
 step it resumed from) and its stop. `rft-hpc audit` checks a run's invariants from the buffer
 and these files alone (docs/ledger.md). One writer per file; each line is one complete JSON
-object, written with a single `write` and (for the trainer) fsynced before the checkpoint
-that covers it, so a checkpoint never holds a step the ledger lacks. A line torn by a crash
+object, written with a single `write`; the trainer fsyncs its ledger (`sync`) before each
+checkpoint, so a checkpoint never holds a step the ledger lacks. A line torn by a crash
 can only be the last one, and readers skip it.
 """
 
@@ -53,9 +53,16 @@ class LedgerWriter:
         history = replay(self.path, trainer=first_redone > resume_step)
         return RestartCount(len(history.restarts), history.redone_steps)
 
+    def sync(self) -> None:
+        """Put every event appended so far on stable storage."""
+        os.fsync(self._fd)
+
     def close(self) -> None:
-        """Close the file (every event was written when appended)."""
-        os.close(self._fd)
+        """Put every event on stable storage and close the file."""
+        try:
+            self.sync()
+        finally:
+            os.close(self._fd)
 
 
 @dataclass(frozen=True)

@@ -205,7 +205,7 @@ def _lead(trainer: Trainer, run: RunDir, stop: StopFlag, saved: TrainerState | N
                           quarantine=True)
     # The position as of `step`: records gathered for a step that never ran stay pending.
     cursor = reader.state_dict()
-    ledger = LedgerWriter(run.ledger, "trainer")
+    ledger = LedgerWriter(run.ledger, "trainer", durable=False)  # synced before each save
     history = ledger.start(step, first_redone=step + 1)
     metrics = MetricsWriter(run.metrics, "trainer")
     _, eval_tasks = build_tasks(config.tasks, config.run.seed)
@@ -224,6 +224,7 @@ def _lead(trainer: Trainer, run: RunDir, stop: StopFlag, saved: TrainerState | N
     def save() -> None:
         t0 = time.monotonic()
         publisher.flush()  # a checkpoint's version is on the filesystem before it is saved
+        ledger.sync()  # and its steps in the ledger
         if trainer.sharded:
             followers.send("checkpoint")
         model, optimizer = trainer.checkpoint_parts()

@@ -9,7 +9,10 @@ step. It measures, each figure beside the limit it is held to, in the same run:
 
 (a) pure generation time `t_gen` of one explorer step (HFEngine.generate) and pure train-step
     time `t_train` of one such batch (Trainer.step), each in a process of its own, on one
-    core (pinned, 1 thread) and on all cores;
+    core (pinned, 1 thread) and on all cores, back to back (medians of 15); and, as a
+    diagnostic held to no target, the same on one core after 0.1 s of sleep before each,
+    as a role runs when the roles take turns (this machine runs the first step after an
+    idle spell slower);
 (b) shared cores, as `rft-hpc run` on a laptop: the loop's completions/s with the default
     settings (`sync.offset: 0`, threads left to rft-hpc) against 64 / (t_gen + t_train)
     on all cores;
@@ -47,6 +50,7 @@ sys.path.insert(0, str(REPO))
 
 BATCH, TASKS, REPEAT, TOKENS = 64, 8, 8, 5
 WARM = 2  # trainer steps left out of a loop's rate
+IDLE = 0.1  # seconds a role sleeps between its steps when roles take turns (diagnostic)
 REWARD = "tools.bench.pipeline_reward:delayed"
 
 
@@ -68,9 +72,9 @@ eval: {{interval: 0}}
 
 # --- (a): one explorer step's generation, one batch's train step, in a child process ------
 
-def _measure(kind: str, config_path: Path, reps: int) -> float:
+def _measure(kind: str, config_path: Path, reps: int, idle: float = 0.0) -> float:
     """Median seconds of `reps` generations or train steps of the bench's batch shape in
-    this process (after two unmeasured ones)."""
+    this process (after two unmeasured ones), each after `idle` seconds of sleep."""
     import numpy as np
 
     from rft_hpc.buffer.reader import Batch
@@ -92,6 +96,7 @@ def _measure(kind: str, config_path: Path, reps: int) -> float:
     times = []
     if kind == "gen":
         for i in range(reps + 2):
+            time.sleep(idle)
             t0 = time.perf_counter()
             generate(i)
             times.append(time.perf_counter() - t0)
@@ -105,16 +110,18 @@ def _measure(kind: str, config_path: Path, reps: int) -> float:
                for c in group]
     batch = Batch(records=records, weights=[1.0] * len(records), uses=[0] * len(records))
     for i in range(reps + 2):
+        time.sleep(idle)
         t0 = time.perf_counter()
         trainer.step(batch, version=i)
         times.append(time.perf_counter() - t0)
     return statistics.median(times[2:])
 
 
-def measure(kind: str, config_path: Path, cpus: list[int], reps: int = 7) -> float:
+def measure(kind: str, config_path: Path, cpus: list[int], reps: int = 15,
+            idle: float = 0.0) -> float:
     """`_measure` in a child pinned to `cpus` with one torch thread per core."""
     cmd = [sys.executable, __file__, "--measure", kind, "--config", str(config_path),
-           "--cpus", ",".join(map(str, cpus)), "--reps", str(reps)]
+           "--cpus", ",".join(map(str, cpus)), "--reps", str(reps), "--idle", str(idle)]
     out = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, check=True,
                          env=dict(os.environ, OMP_NUM_THREADS=str(len(cpus))))
     return float(json.loads(out.stdout.strip().splitlines()[-1])["seconds"])
@@ -170,7 +177,9 @@ def bench(work: Path, steps: int) -> dict:
     one, other = [cores[0]], [cores[1]]
     t = {"gen_1": measure("gen", config_path, one), "train_1": measure("train", config_path, one),
          "gen_all": measure("gen", config_path, cores),
-         "train_all": measure("train", config_path, cores)}
+         "train_all": measure("train", config_path, cores),
+         "gen_1_idle": measure("gen", config_path, one, idle=IDLE),
+         "train_1_idle": measure("train", config_path, one, idle=IDLE)}
     out: dict = {"cores": len(cores), "t": t}
     shared = run_loop(work, "shared", config_path)
     limit_b = BATCH / (t["gen_all"] + t["train_all"])
@@ -208,6 +217,11 @@ def report(r: dict) -> None:
           f"{r['cores']}; t_train {t['train_1'] * 1e3:.1f} ms on 1 core, "
           f"{t['train_all'] * 1e3:.1f} ms on {r['cores']} (one step: {TASKS} x {REPEAT} x "
           f"{TOKENS} tokens, batch {BATCH})")
+    cold = t["gen_1_idle"] + t["train_1_idle"]
+    print(f"    after {IDLE * 1e3:.0f} ms idle, as each role runs when they take turns: t_gen "
+          f"{t['gen_1_idle'] * 1e3:.1f} ms, t_train {t['train_1_idle'] * 1e3:.1f} ms on 1 "
+          f"core; a sync loop with no overhead at all would reach "
+          f"{(t['gen_1'] + t['train_1']) / cold:.3f} of (c)'s sync limit")
     rows = [("(b) shared cores, default config", r["b_shared"], 0.9, "64/(t_gen+t_train), all"),
             ("(c) separate cores, sync", r["c_sync"], 0.9, "64/(t_gen+t_train), 1 core"),
             ("(c) separate cores, async", r["c_async"], 0.85, "64/max(t_gen,t_train), 1 core")]
@@ -235,7 +249,8 @@ def main() -> int:
     ap.add_argument("--measure", choices=("gen", "train"), help=argparse.SUPPRESS)
     ap.add_argument("--config", type=Path, help=argparse.SUPPRESS)
     ap.add_argument("--cpus", help=argparse.SUPPRESS)
-    ap.add_argument("--reps", type=int, default=7, help=argparse.SUPPRESS)
+    ap.add_argument("--reps", type=int, default=15, help=argparse.SUPPRESS)
+    ap.add_argument("--idle", type=float, default=0.0, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.measure:
         import torch
@@ -243,7 +258,8 @@ def main() -> int:
         cpus = [int(c) for c in args.cpus.split(",")]
         os.sched_setaffinity(0, cpus)
         torch.set_num_threads(len(cpus))
-        print(json.dumps({"seconds": _measure(args.measure, args.config, args.reps)}))
+        print(json.dumps({"seconds": _measure(args.measure, args.config, args.reps,
+                                              args.idle)}))
         return 0
     results = []
     for i in range(args.runs):
