@@ -7,12 +7,13 @@ thread, and the CPU it spins on, for the rest of the run, and a pool of such thr
 dry; a process can always be killed. The workers are forked from the role's fork server
 (`rft_hpc.core.forkserver`, never from the role with its torch threads), import the
 rewards once, and score one call at a time; a call that overruns its limit gets its worker
-killed and replaced, and its rollout scores 0. The queued calls are dealt out in even
-chunks over the idle workers, a chunk never mixing two batches (one message a chunk, one
-reply a call), so that a slow batch holds no other batch's calls: with fewer workers
-than calls a step's rewards cost a few messages, not one round trip each, and each call
-still has its own time limit (counted from the reply before it). A call runs in its
-worker's main thread, so rewards that rely on SIGALRM work there too.
+killed and replaced, and its rollout scores 0. Once the calls have shown themselves fast
+(a mean under `FAST_CALL_SECONDS`, far below a message's round trip), the queued calls are
+dealt out in even chunks over the idle workers, a chunk never mixing two batches (one
+message a chunk, one reply a call): a step's rewards then cost a few messages, not one
+round trip each. Slow calls (a sandbox, a remote judge) go one to a worker, so that none
+waits behind another. Each call has its own time limit, counted from the reply before it.
+A call runs in its worker's main thread, so rewards that rely on SIGALRM work there too.
 
 Each outcome says whether the call raised (`error`) or overran (`timed_out`); counting them
 and deciding when too many failed is the caller's business (the explorer,
@@ -40,6 +41,9 @@ imports the rewards: seconds on a loaded node); past it the pool gives up with a
 
 MESSAGE_CHARS = 500
 """Error messages are cut to this length (a reward may raise with a whole response in it)."""
+
+FAST_CALL_SECONDS = 0.002
+"""Calls whose mean time in the worker is under this are sent in chunks."""
 
 _PRELOAD = ("rft_hpc.tasks.rewards", "rft_hpc.tasks.math_reward", "rft_hpc.tasks.format_reward")
 
@@ -117,6 +121,8 @@ class _Worker:
         self.busy: deque[tuple[Scoring, int]] = deque()
         """The calls it was sent and has not answered, in order: (their batch, index)."""
         self.deadline = time.monotonic() + START_SECONDS
+        self.since = 0.0
+        """When its oldest unanswered call started (sent, or the reply before it came)."""
 
     def send(self, chunk: list[tuple[Scoring, int]], timeout: float) -> bool:
         """Start scoring the calls `chunk` names (each: its batch and index there); False
@@ -126,7 +132,8 @@ class _Worker:
         except (OSError, ValueError):
             return False
         self.busy.extend(chunk)
-        self.deadline = time.monotonic() + timeout
+        self.since = time.monotonic()
+        self.deadline = self.since + timeout
         return True
 
     def close(self, kill: bool = False) -> None:
@@ -184,6 +191,7 @@ class RewardPool:
         """Workers replaced so far (killed after a timeout, or died)."""
         self._workers = [_Worker() for _ in range(workers)]  # they start while we go on
         self._todo: deque[tuple[Scoring, int]] = deque()
+        self._call_seconds: float | None = None  # running mean of a call's time
 
     def score(self, calls: Sequence[RewardCall]) -> list[RewardOutcome]:
         """Each call's outcome, in the order of `calls` (the same whatever the number of
@@ -212,7 +220,8 @@ class RewardPool:
         for n, w in enumerate(idle):
             if not self._todo:
                 break
-            size = -(-len(self._todo) // (len(idle) - n))  # even chunks over the idle ones
+            size = (-(-len(self._todo) // (len(idle) - n))  # even chunks over the idle ones
+                    if self._fast else 1)
             chunk = [self._todo.popleft()]
             while len(chunk) < size and self._todo and self._todo[0][0] is chunk[0][0]:
                 chunk.append(self._todo.popleft())  # a chunk holds calls of one batch only
@@ -252,8 +261,16 @@ class RewardPool:
         else:
             self._finish(w, RewardOutcome(float(value)) if status == "ok"
                          else RewardOutcome(error=str(value)))
-            w.deadline = time.monotonic() + self.timeout  # the next call's limit starts
+            now = time.monotonic()
+            took, w.since, w.deadline = now - w.since, now, now + self.timeout
+            self._call_seconds = took if self._call_seconds is None else (
+                0.9 * self._call_seconds + 0.1 * took)
         return True
+
+    @property
+    def _fast(self) -> bool:
+        """Whether calls so far took far less than a message's round trip."""
+        return self._call_seconds is not None and self._call_seconds < FAST_CALL_SECONDS
 
     def _finish(self, w: _Worker, outcome: RewardOutcome) -> None:
         """Give the worker's oldest call `outcome`."""
