@@ -60,7 +60,6 @@ def config_text(root: Path, model: Path, steps: int) -> str:
 run: {{name: bench, root: {root}, seed: 0}}
 model: {{path: {model}}}
 tasks: {{type: arithmetic, digits: 2, ops: "+", eval_size: 8}}
-buffer: {{poll_interval: 0.01}}
 explorer: {{count: 1, tasks_per_step: {TASKS}, repeat: {REPEAT}, temperature: 1.0,
            max_new_tokens: {TOKENS}}}
 algorithm: {{algorithm_type: grpo}}
