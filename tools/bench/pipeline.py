@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """Benchmark the whole RFT loop against this machine's limits, in one run.
 
-    python tools/bench/pipeline.py [--steps 16] [--runs 1] [--json OUT]
+    python tools/bench/pipeline.py [--steps 16] [--runs 1] [--tokens 5] [--json OUT]
 
 The batch shape is the demo's: the tiny Llama, 8 tasks x 8 rollouts of 5 tokens, a trainer
 batch of 64 (one explorer step), GRPO, weights synced through checkpoint files after every
@@ -54,14 +54,14 @@ IDLE = 0.1  # seconds a role sleeps between its steps when roles take turns (dia
 REWARD = "tools.bench.pipeline_reward:delayed"
 
 
-def config_text(root: Path, model: Path, steps: int) -> str:
+def config_text(root: Path, model: Path, steps: int, tokens: int = TOKENS) -> str:
     """The bench run's config: the demo's GRPO stage alone, one explorer, no evaluation."""
     return f"""
 run: {{name: bench, root: {root}, seed: 0}}
 model: {{path: {model}}}
 tasks: {{type: arithmetic, digits: 2, ops: "+", eval_size: 8}}
 explorer: {{count: 1, tasks_per_step: {TASKS}, repeat: {REPEAT}, temperature: 1.0,
-           max_new_tokens: {TOKENS}}}
+           max_new_tokens: {tokens}}}
 algorithm: {{algorithm_type: grpo}}
 trainer: {{lr: 1.0e-5, batch_size: {BATCH}, steps: {steps}, save_interval: 100000}}
 sync: {{method: checkpoint, interval: 1, offset: 0}}
@@ -89,8 +89,8 @@ def _measure(kind: str, config_path: Path, reps: int, idle: float = 0.0) -> floa
     prompts = [engine.prompt_ids(t) for t in tasks[:TASKS]]
 
     def generate(seed: int):
-        return engine.generate(prompts, n=REPEAT, max_new_tokens=TOKENS, temperature=1.0,
-                               seed=seed)
+        return engine.generate(prompts, n=REPEAT, max_new_tokens=config.explorer.max_new_tokens,
+                               temperature=1.0, seed=seed)
 
     times = []
     if kind == "gen":
@@ -163,7 +163,7 @@ def medians_ms(rows: list[dict], keys: tuple[str, ...]) -> dict[str, float]:
             for k in keys if any(k in r for r in rows)}
 
 
-def bench(work: Path, steps: int) -> dict:
+def bench(work: Path, steps: int, tokens: int = TOKENS) -> dict:
     """Every figure of the module doc, with its limit and ratio."""
     from rft_hpc.models.tiny import init_tiny_model
 
@@ -172,14 +172,14 @@ def bench(work: Path, steps: int) -> dict:
         raise SystemExit("the pipeline bench needs at least 2 cores")
     model = init_tiny_model(work / "model")
     config_path = work / "bench.yaml"
-    config_path.write_text(config_text(work / "runs", model, steps))
+    config_path.write_text(config_text(work / "runs", model, steps, tokens))
     one, other = [cores[0]], [cores[1]]
     t = {"gen_1": measure("gen", config_path, one), "train_1": measure("train", config_path, one),
          "gen_all": measure("gen", config_path, cores),
          "train_all": measure("train", config_path, cores),
          "gen_1_idle": measure("gen", config_path, one, idle=IDLE),
          "train_1_idle": measure("train", config_path, one, idle=IDLE)}
-    out: dict = {"cores": len(cores), "t": t}
+    out: dict = {"cores": len(cores), "t": t, "tokens": tokens}
     shared = run_loop(work, "shared", config_path)
     limit_b = BATCH / (t["gen_all"] + t["train_all"])
     out["b_shared"] = {**shared, "limit": limit_b,
@@ -215,7 +215,7 @@ def report(r: dict) -> None:
     print(f"(a) t_gen {t['gen_1'] * 1e3:.1f} ms on 1 core, {t['gen_all'] * 1e3:.1f} ms on "
           f"{r['cores']}; t_train {t['train_1'] * 1e3:.1f} ms on 1 core, "
           f"{t['train_all'] * 1e3:.1f} ms on {r['cores']} (one step: {TASKS} x {REPEAT} x "
-          f"{TOKENS} tokens, batch {BATCH})")
+          f"{r['tokens']} tokens, batch {BATCH})")
     cold = t["gen_1_idle"] + t["train_1_idle"]
     print(f"    after {IDLE * 1e3:.0f} ms idle, as each role runs when they take turns: t_gen "
           f"{t['gen_1_idle'] * 1e3:.1f} ms, t_train {t['train_1_idle'] * 1e3:.1f} ms on 1 "
@@ -244,6 +244,9 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, default=16, help="trainer steps per loop [16]")
     ap.add_argument("--runs", type=int, default=1, help="whole benches, one after another")
+    ap.add_argument("--tokens", type=int, default=TOKENS,
+                    help=f"tokens per rollout [{TOKENS}, the demo's]: longer steps show which "
+                         "costs are per step")
     ap.add_argument("--json", type=Path, help="also write the figures here")
     ap.add_argument("--measure", choices=("gen", "train"), help=argparse.SUPPRESS)
     ap.add_argument("--config", type=Path, help=argparse.SUPPRESS)
@@ -263,7 +266,7 @@ def main() -> int:
     results = []
     for i in range(args.runs):
         with tempfile.TemporaryDirectory(prefix="rft-bench-pipeline-") as tmp:
-            r = bench(Path(tmp), args.steps)
+            r = bench(Path(tmp), args.steps, args.tokens)
         if args.runs > 1:
             print(f"--- run {i + 1} of {args.runs}")
         report(r)
