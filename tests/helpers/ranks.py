@@ -53,9 +53,11 @@ def finish(procs: list[subprocess.Popen], timeout: float = 300) -> list[tuple[in
     return out
 
 
-def write_config(path: Path, model: Path, **sections: dict) -> Path:
-    """A config file at `path` for `model`, with `sections` over a seeded minimal base."""
-    data = {"run": {"root": str(path.parent), "seed": 0}, "model": {"path": str(model)},
+def write_config(path: Path, model: Path, lora: dict | None = None, **sections: dict) -> Path:
+    """A config file at `path` for `model` (with a LoRA adapter: `model.lora`), with
+    `sections` over a seeded minimal base."""
+    model_section = {"path": str(model)} if lora is None else {"path": str(model), "lora": lora}
+    data = {"run": {"root": str(path.parent), "seed": 0}, "model": model_section,
             "explorer": {"temperature": 1.0}, **sections}
     path.write_text(yaml.safe_dump(data))
     return path
