@@ -90,12 +90,13 @@ class HFEngine:
             self.model.load_state_dict(state_dict, strict=True)
         self.version = version
 
-    def enable_lora(self) -> None:
-        """Add the `lora` adapter to the model (once; a fresh adapter changes no output)."""
+    def enable_lora(self, seed: int = 0) -> None:
+        """Add the `lora` adapter to the model (once; a fresh adapter changes no output; its
+        A matrices are drawn from `seed`)."""
         if self.lora is None:
             raise ValueError("this engine has no model.lora settings")
         if not is_adapted(self.model):
-            self.model = add_adapter(self.model, self.lora)
+            self.model = add_adapter(self.model, self.lora, seed)
 
     def encode(self, prompt: str) -> list[int]:
         """Token ids of a raw text prompt (with the tokenizer's special tokens)."""

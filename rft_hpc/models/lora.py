@@ -35,13 +35,17 @@ def peft_config(settings: LoraSettings, base_model: str | None = None) -> Any:
                       task_type="CAUSAL_LM", base_model_name_or_path=base_model)
 
 
-def add_adapter(model: torch.nn.Module, settings: LoraSettings) -> torch.nn.Module:
+def add_adapter(model: torch.nn.Module, settings: LoraSettings, seed: int = 0,
+                ) -> torch.nn.Module:
     """`model` with a fresh LoRA adapter (peft's `get_peft_model`: B = 0, so it computes
-    what `model` did). Only the adapter's parameters require gradients; the base layers
-    are changed in place (wrapped), not copied."""
+    what `model` did; A drawn from `seed`, the same in every process, whatever the global
+    RNGs hold). Only the adapter's parameters require gradients; the base layers are
+    changed in place (wrapped), not copied."""
     from peft import get_peft_model
 
-    return get_peft_model(model, peft_config(settings))
+    with torch.random.fork_rng(devices=range(torch.cuda.device_count())):
+        torch.manual_seed(seed)
+        return get_peft_model(model, peft_config(settings))
 
 
 def is_adapted(model: torch.nn.Module) -> bool:

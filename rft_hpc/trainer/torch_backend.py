@@ -61,7 +61,7 @@ class TorchBackend:
         with `model.lora` the model with a fresh adapter, the reference the adapter off."""
         self.engine = engine
         if self.lora:
-            engine.enable_lora()
+            engine.enable_lora(self.config.run.seed)
         model = engine.model
         broadcast_parameters(model, self.dist)
         model.train()

@@ -104,9 +104,9 @@ def test_whole_model_versions_keep_manifest_version_1(tmp_path, tiny_model):
 
 
 def test_lora_settings_are_checked(tmp_path, tiny_model):
-    with pytest.raises(ConfigError, match="model.lora.rank"):
+    with pytest.raises(ConfigError, match=r"model\.lora\.rank"):
         load_config(write_config(tmp_path / "bad.yaml", tiny_model, lora={"rank": 0}))
-    with pytest.raises(ConfigError, match="model.lora.target_modules"):
+    with pytest.raises(ConfigError, match=r"model\.lora\.target_modules"):
         load_config(write_config(tmp_path / "none.yaml", tiny_model,
                                  lora={"target_modules": []}))
 
