@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Any, Literal, get_args, get_origin
+from types import UnionType
+from typing import Any, Literal, Union, get_args, get_origin
 
 from annotated_types import Ge, Gt, Le, Lt
 from pydantic import BaseModel
@@ -84,6 +85,8 @@ def _type(field: FieldInfo) -> str:
 
 
 def _type_name(annotation: Any) -> str:
+    if get_origin(annotation) in (Union, UnionType):  # e.g. a list of names or a keyword
+        return " or ".join(_type_name(a) for a in get_args(annotation))
     if get_origin(annotation) is Literal:
         return " \\| ".join(f"`{a}`" for a in get_args(annotation))
     if get_origin(annotation) is dict:

@@ -119,3 +119,14 @@ def test_megatron_backend_refuses_lora_with_one_message(tmp_path, tiny_model):
     with pytest.raises(UserError, match=r"^stage main: model.lora trains a LoRA adapter on "
                        r"trainer.backend torch only; the megatron backend has no adapters"):
         check_runnable(load_config(path))
+
+
+def test_fsdp_refuses_a_kl_penalty_on_the_adapter_off_reference(tmp_path, tiny_model):
+    from rft_hpc.run.stages import check_runnable
+
+    path = write_config(tmp_path / "f.yaml", tiny_model, lora=LORA,
+                        trainer={"parallel": "fsdp"},
+                        algorithm={"algorithm_type": "grpo", "kl_penalty_fn": "k3"})
+    with pytest.raises(UserError, match=r"^stage main: model.lora under trainer.parallel fsdp "
+                       r"with algorithm.kl_penalty_fn: rank 0 would run"):
+        check_runnable(load_config(path))
