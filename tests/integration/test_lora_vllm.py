@@ -73,3 +73,48 @@ def test_vllm_with_the_adapter_of_version_n_gives_the_trainers_logprobs(tmp_path
             engine.load_weights(load_weights(run.weights, 2) | {"x": torch.zeros(1)}, 3)
     finally:
         engine.close()
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.slow
+def test_a_lora_run_with_vllm_explorers_samples_with_each_adapter(tmp_path, tiny_model):
+    """`rft-hpc run` with explorer.engine vllm and model.lora: strictly on-policy, each
+    explorer step samples with the adapter of the trainer's previous step, and the rollout
+    log-probs vLLM recorded are what the HF engine computes with that adapter (peft)."""
+    from helpers.paths import DEMO
+    from helpers.runs import rft, rollouts, short
+
+    from rft_hpc.engines.hf import HFEngine
+    from rft_hpc.sync.checkpoint import latest_weights_version
+
+    steps = 4
+    result = rft("run", DEMO, *short(
+        tmp_path, tiny_model, "--set", "stages=[]", "--set", "explorer.engine=vllm",
+        "--set", "explorer.vllm.enforce_eager=true", "--set", "explorer.vllm.kv_cache_gb=0.25",
+        "--set", "explorer.count=1", "--set", "sync.offset=0", "--set", "trainer.batch_size=16",
+        "--set", f"trainer.steps={steps}", "--set", "eval.interval=0",
+        "--set", "trainer.lr=1e-2", "--set", "algorithm.entropy_loss_fn=default",
+        "--set", "algorithm.entropy_loss_fn_args={entropy_coef: 0.1}",
+        "--set", "model.lora={rank: 8, alpha: 16}"), timeout=900)
+    assert result.returncode == 0, result.stderr[-3000:]
+    stage = tmp_path / "demo" / "stages" / "0-main"
+    records = rollouts(stage)
+    assert [r.policy_version for r in records] == [r.step for r in records]
+    assert sorted({r.policy_version for r in records}) == list(range(steps))
+    weights = stage / "weights"
+    config = load_config(stage / "config.yaml")
+    checked = 0
+    for version in range(1, steps):  # the versions still published (the newest 3)
+        if not (weights / f"v{version:06d}").is_dir():
+            continue
+        engine = HFEngine(tiny_model, lora=config.model.lora)
+        engine.load_weights(load_weights(weights, version), version)
+        sampled = [r for r in records if r.policy_version == version]
+        batch = collate(sampled, pad_id=engine.pad_id)
+        with torch.no_grad():
+            recomputed = token_logprobs(engine.model.eval(), batch)
+        mask = batch.loss_mask.bool()
+        torch.testing.assert_close(batch.old_logprobs[mask], recomputed[mask], atol=ATOL,
+                                   rtol=0)
+        checked += 1
+    assert checked >= 2 and latest_weights_version(weights) == steps

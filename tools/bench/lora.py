@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """Benchmark LoRA training (`model.lora`) against whole-model training, in one run.
 
-    python tools/bench/lora.py [--dir DIR] [--hidden 640] [--layers 16] [--steps 3]
+    python tools/bench/lora.py [--dir DIR] [--hidden 640] [--layers 16] [--steps 5] [--rounds 2]
 
 Builds a Llama of the given shape locally (random weights, character vocabulary: ~80 M
 parameters at the defaults, large enough that the weights, not Python, dominate on a CPU),
@@ -18,7 +18,9 @@ then for each mode, whole model and LoRA (rank 8, all linear layers), in a fresh
    (read back with checksums) + `HFEngine.load_weights` (applied to an explorer's engine:
    the whole model's weights copied in, or the adapter set through peft).
 
-It prints the figures of both modes and the ratios (adapter / whole).
+The modes alternate for `--rounds` rounds (whole, adapter, whole, adapter, ...), so that a
+busy host's drift hits both alike; each figure is the median over the rounds. It prints the
+figures of both modes and the ratios (adapter / whole).
 """
 
 from __future__ import annotations
@@ -120,7 +122,8 @@ def main() -> None:
                         "temporary one)")
     parser.add_argument("--hidden", type=int, default=640)
     parser.add_argument("--layers", type=int, default=16)
-    parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument("--steps", type=int, default=5)
+    parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--worker", nargs=2, metavar=("MODE", "MODEL"), help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -132,18 +135,22 @@ def main() -> None:
         return
     try:
         model = build_model(folder, args.hidden, args.layers)
-        results = {}
-        for mode in ("full", "lora"):
-            out = subprocess.run([sys.executable, __file__, "--dir", str(folder), "--steps",
-                                  str(args.steps), "--threads", str(args.threads),
-                                  "--worker", mode, str(model)], cwd=ROOT, text=True,
-                                 capture_output=True, check=False)
-            if out.returncode:
-                sys.exit(f"the {mode} worker failed:\n{out.stderr[-3000:]}")
-            results[mode] = json.loads(out.stdout.strip().splitlines()[-1])
+        rounds: dict[str, list[dict]] = {"full": [], "lora": []}
+        for _ in range(args.rounds):
+            for mode in rounds:
+                out = subprocess.run([sys.executable, __file__, "--dir", str(folder), "--steps",
+                                      str(args.steps), "--threads", str(args.threads),
+                                      "--worker", mode, str(model)], cwd=ROOT, text=True,
+                                     capture_output=True, check=False)
+                if out.returncode:
+                    sys.exit(f"the {mode} worker failed:\n{out.stderr[-3000:]}")
+                rounds[mode].append(json.loads(out.stdout.strip().splitlines()[-1]))
+                shutil.rmtree(folder / f"run-{mode}", ignore_errors=True)
     finally:
         if args.dir is None:
             shutil.rmtree(folder, ignore_errors=True)
+    results = {mode: {k: _median([r[k] for r in runs]) if isinstance(runs[0][k], float)
+                      else runs[0][k] for k in runs[0]} for mode, runs in rounds.items()}
     full, lora = results["full"], results["lora"]
     print(f"model: {full['parameters'] / 1e6:.1f} M parameters; LoRA rank {LORA['rank']} "
           f"trains {lora['trained_parameters'] / 1e6:.2f} M "
