@@ -149,7 +149,7 @@ def _read_manifest(weights_dir: str | Path, version: int) -> dict[str, Any]:
     except (OSError, ValueError) as e:
         raise WeightsError(f"{folder / MANIFEST_FILE}: unreadable manifest ({e})") from e
     _check_manifest(manifest, version, folder)
-    return {"kind": KIND_FULL, **manifest}
+    return manifest
 
 
 def latest_weights_version(weights_dir: str | Path) -> int | None:
