@@ -77,7 +77,8 @@ def _table(prefix: str, fields: dict[str, FieldInfo], discriminator: str | None 
 
 def _type(field: FieldInfo) -> str:
     annotation = field.annotation
-    optional = without_none(annotation) is not annotation
+    # by membership, not identity: a rebuilt union without None need not be the same object
+    optional = type(None) in get_args(annotation)
     bounds = [f"{sign} {getattr(m, attr)}"
               for kind, attr, sign in _BOUNDS for m in field.metadata if isinstance(m, kind)]
     text = " ".join([_type_name(without_none(annotation)), " and ".join(bounds)]).strip()
