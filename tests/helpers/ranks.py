@@ -81,14 +81,16 @@ def fixed_batch(algorithm: str) -> Batch:
     return Batch(records=records, weights=weights, uses=[0] * 8)
 
 
-def sft_stage(tmp_path: Path, model: Path, name: str, **trainer) -> Path:
-    """An offline SFT stage directory, prepared as `rft-hpc run` prepares one."""
+def sft_stage(tmp_path: Path, model: Path, name: str, lora: dict | None = None,
+              **trainer) -> Path:
+    """An offline SFT stage directory, prepared as `rft-hpc run` prepares one (training a
+    LoRA adapter with `lora`)."""
     from rft_hpc.config import load_config
     from rft_hpc.run.stages import prepare_model, prepare_stage
 
     settings = {"lr": 3e-4, "batch_size": 16, "steps": 4,
                 "save_interval": 2, **trainer}
-    path = write_config(tmp_path / f"{name}.yaml", model, mode="train",
+    path = write_config(tmp_path / f"{name}.yaml", model, lora=lora, mode="train",
                         data={"source": "tasks"}, trainer=settings,
                         algorithm={"algorithm_type": "sft"},
                         tasks={"type": "arithmetic", "digits": 1, "eval_size": 8},

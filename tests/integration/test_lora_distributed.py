@@ -10,7 +10,14 @@ import sys
 import pytest
 import torch
 from helpers.paths import ROOT
-from helpers.ranks import finish, rank_env, start_ranks, write_config
+from helpers.ranks import (
+    finish,
+    rank_env,
+    sft_stage,
+    start_ranks,
+    trainer_command,
+    write_config,
+)
 
 WORKER = ROOT / "tests" / "cluster" / "test_trainer_fsdp.py"  # its `fsdp` worker: step, save,
 # restore into a fresh trainer, second step; rank 0 keeps what the ranks gathered
@@ -68,3 +75,32 @@ def test_two_ranks_train_the_adapter_as_one_process(tmp_path, tiny_model, parall
     close = sum(int(torch.isclose(two["second"][k], w, rtol=1e-4, atol=1e-5).sum())
                 for k, w in one["second"].items())
     assert close >= 0.99 * sum(w.numel() for w in one["second"].values())
+
+
+@pytest.mark.timeout(600)
+def test_fsdp_role_evaluates_publishes_and_checkpoints_the_adapter(tmp_path, tiny_model):
+    """The trainer role on two FSDP ranks with `model.lora`: rank 0 evaluates the gathered
+    adapter on a whole replica of its own, publishes it and checkpoints it."""
+    from rft_hpc.monitor.metrics import read_metrics
+    from rft_hpc.sync.checkpoint import load_weights, read_manifest
+    from rft_hpc.sync.storage import load_safetensors
+
+    stage = sft_stage(tmp_path, tiny_model, "fsdp-lora", lora=LORA, steps=2, parallel="fsdp",
+                      lr=3e-2, micro_batch_tokens=48)
+    results = finish(start_ranks(trainer_command(stage), 2, stage / "state" / "dist-1"))
+    assert all(rc == 0 for rc, _ in results), [err[-3000:] for _, err in results]
+    rows = read_metrics(stage / "metrics" / "trainer.jsonl")
+    assert [r["step"] for r in rows if "loss" in r] == [1, 2]
+    evals = {r["step"]: r for r in rows if r.get("eval_accuracy") is not None}
+    assert sorted(evals) == [0, 2]
+    assert read_manifest(stage / "weights", 2)["kind"] == "lora-adapter"
+    published = load_weights(stage / "weights", 2)
+    assert published and all(".lora_A.weight" in k or ".lora_B.weight" in k for k in published)
+    assert any(float(t.abs().max()) > 1e-3 for k, t in published.items() if ".lora_B." in k)
+    saved, _ = load_safetensors(stage / "ckpt" / "trainer" / "step-000002" / "model.safetensors")
+    assert sorted(saved) == sorted(k.replace(".weight", ".default.weight") for k in published)
+    for k, t in published.items():
+        assert torch.equal(saved[k.replace(".weight", ".default.weight")], t), k
+    # the held-out answers at step 2 are those of the adapter, scored on rank 0's replica
+    answers = (stage / "eval" / "answers" / "v000002.jsonl").read_text()
+    assert answers != (stage / "eval" / "answers" / "v000000.jsonl").read_text()

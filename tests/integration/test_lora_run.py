@@ -19,6 +19,7 @@ from helpers.slurm_runs import heartbeat, wait_until
 
 from rft_hpc.config import load_config
 from rft_hpc.core.rundir import RunDir, read_jsonl
+from rft_hpc.monitor.metrics import read_metrics
 from rft_hpc.sync.checkpoint import load_weights, read_manifest
 from rft_hpc.sync.storage import load_safetensors
 from rft_hpc.tasks.source import build_tasks
@@ -120,3 +121,41 @@ def test_exported_adapter_and_merged_model_answer_as_the_run(straight, tmp_path)
     bad = rft("export", straight.parents[1], "--out", tmp_path / "x", "--merged", "--version",
               "999")
     assert bad.returncode == 2 and "Traceback" not in bad.stderr
+
+
+@pytest.mark.timeout(600)
+def test_a_lora_stage_starts_from_the_adapter_the_stage_before_ended_with(tmp_path,
+                                                                          tiny_model):
+    """The demo's two stages with `model.lora`: SFT trains an adapter, GRPO starts from it in
+    the trainer and in the explorer alike (its first step, strictly on-policy, sees the
+    trainer's log-probs equal the rollouts': approx_kl 0, ratio 1)."""
+    result = rft("run", DEMO, *short(
+        tmp_path, tiny_model, "--set", "explorer.count=1", "--set", "sync.offset=0",
+        "--set", "trainer.batch_size=16", "--set", "trainer.steps=2",
+        "--set", "stages.0.trainer.lr=1e-2", "--set", "model.lora={rank: 8, alpha: 16}"),
+        timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    sft, grpo = (tmp_path / "demo" / "stages" / name for name in ("0-sft", "1-grpo"))
+    start = load_weights(sft / "weights", 8)
+    assert read_manifest(sft / "weights", 8)["kind"] == "lora-adapter"
+    assert any(float(t.abs().max()) > 1e-3 for k, t in start.items() if ".lora_B." in k)
+    first = next(r for r in read_metrics(grpo / "metrics" / "trainer.jsonl") if "loss" in r)
+    print(f"grpo step 1 from the sft adapter: approx_kl {first['approx_kl']:.3g}, "
+          f"ratio_mean {first['ratio_mean']:.9f}")
+    assert abs(first["approx_kl"]) < 1e-6 and first["ratio_mean"] == pytest.approx(1, abs=1e-6)
+    assert read_manifest(grpo / "weights", 2)["kind"] == "lora-adapter"
+    # ... and the explorer sampled its first step with that adapter, not the base model
+    from rft_hpc.batch.logprobs import token_logprobs
+    from rft_hpc.batch.tokens import collate
+    from rft_hpc.engines.hf import HFEngine
+
+    config = load_config(grpo / "config.yaml")
+    engine = HFEngine(tiny_model, lora=config.model.lora)
+    batch = collate([r for r in rollouts(grpo) if r.step == 0], pad_id=engine.pad_id)
+    mask = batch.loss_mask.bool()
+    with torch.no_grad():
+        base = token_logprobs(engine.model.eval(), batch)
+        engine.load_weights(start, 0)
+        adapted = token_logprobs(engine.model.eval(), batch)
+    torch.testing.assert_close(batch.old_logprobs[mask], adapted[mask], atol=1e-5, rtol=0)
+    assert float((base - adapted)[mask].abs().max()) > 1e-2
