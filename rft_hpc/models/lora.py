@@ -23,7 +23,9 @@ ADAPTER_FILE = "adapter_model.safetensors"
 """The adapter's tensors in a peft adapter folder."""
 ADAPTER_CONFIG_FILE = "adapter_config.json"
 """The adapter's description in a peft adapter folder."""
-_PARTS = (".lora_A.", ".lora_B.")
+ADAPTER_PARTS = (".lora_A.", ".lora_B.")
+"""What an adapter tensor's name holds (peft's names and the model's alike)."""
+_PARTS = ADAPTER_PARTS
 
 
 def peft_config(settings: LoraSettings, base_model: str | None = None) -> Any:
@@ -91,6 +93,17 @@ def model_names(state: Mapping[str, torch.Tensor], adapter: str = "default",
     for name, tensor in state.items():
         for part in _PARTS:
             name = name.replace(part, f"{part}{adapter}.")
+        out[name] = tensor
+    return out
+
+
+def peft_names(state: Mapping[str, torch.Tensor], adapter: str = "default",
+               ) -> dict[str, torch.Tensor]:
+    """`state` under the adapted model's own names (`model_names`) back under peft's."""
+    out = {}
+    for name, tensor in state.items():
+        for part in _PARTS:
+            name = name.replace(f"{part}{adapter}.", part)
         out[name] = tensor
     return out
 

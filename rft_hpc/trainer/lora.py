@@ -17,10 +17,8 @@ from typing import Any
 import torch
 
 from rft_hpc.config import ExperimentConfig
-from rft_hpc.models.lora import adapter_state, model_names
+from rft_hpc.models.lora import ADAPTER_PARTS, adapter_state, model_names
 from rft_hpc.trainer.algorithm import AlgorithmPlan
-
-ADAPTER_PARTS = (".lora_A.", ".lora_B.")
 
 
 class AdapterOff(torch.nn.Module):

@@ -159,3 +159,20 @@ def test_a_lora_stage_starts_from_the_adapter_the_stage_before_ended_with(tmp_pa
         adapted = token_logprobs(engine.model.eval(), batch)
     torch.testing.assert_close(batch.old_logprobs[mask], adapted[mask], atol=1e-5, rtol=0)
     assert float((base - adapted)[mask].abs().max()) > 1e-2
+
+
+@pytest.mark.timeout(600)
+def test_bench_mode_scores_a_lora_runs_adapters(straight, tmp_path):
+    """`rft-hpc eval RUN`: the published adapters are scored as adapters over the run's
+    model folder (loaded as whole models they would be refused), with the scores of the run's
+    own evaluation."""
+    out = tmp_path / "out"
+    result = rft("eval", straight.parents[1], "--k", "1", "--local", "--out", out, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    results = {r["checkpoint"]: r for r in
+               json.loads((out / "bench" / "results.json").read_text())["results"]}
+    assert {"base", f"main-v{STEPS:06d}"} <= set(results), sorted(results)
+    evals = {r["step"]: r["eval_accuracy"] for r in
+             read_metrics(straight / "metrics" / "trainer.jsonl") if "eval_accuracy" in r}
+    assert results["base"]["greedy_accuracy"] == evals[0]
+    assert results[f"main-v{STEPS:06d}"]["greedy_accuracy"] == evals[STEPS]

@@ -95,6 +95,21 @@ def test_published_adapter_is_applied_by_the_hf_engine(tmp_path, tiny_model):
         engine.load_weights(load_policy(tiny_model)[1].state_dict(), 2)
 
 
+def test_the_checkpointed_adapter_is_the_published_one_under_the_models_names(
+        tmp_path, tiny_model):
+    from rft_hpc.models.lora import peft_names
+
+    trainer = lora_trainer(tmp_path, tiny_model)
+    trainer.step(fixed_batch("grpo"))
+    model, _ = trainer.checkpoint_parts()
+    saved = model.state_dict()
+    assert all(".lora_A.default." in k or ".lora_B.default." in k for k in saved)
+    published = trainer.full_state_dict()
+    back = peft_names(saved)
+    assert sorted(back) == sorted(published)
+    assert all(torch.equal(back[k], published[k]) for k in published)
+
+
 def test_whole_model_versions_keep_manifest_version_1(tmp_path, tiny_model):
     state = load_policy(tiny_model)[1].state_dict()
     publish_weights(tmp_path, state, 3)
