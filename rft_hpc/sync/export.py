@@ -6,6 +6,11 @@ are) and the weights as safetensors shards (`model.safetensors`, or
 `model-0000i-of-0000n.safetensors` with `model.safetensors.index.json`), plus
 `rft_hpc_export.json` (where they came from). Transformers' `from_pretrained` and vLLM load
 the folder as it is. The folder is written under a temporary name and renamed when complete.
+
+A LoRA run's versions are adapters: exported as a peft adapter folder
+(`adapter_model.safetensors`, `adapter_config.json` naming the run's model folder as the
+base, the tokenizer files), or with `merged` as the Hugging Face folder above with the
+adapter's update added into the base weights (peft's `merge_and_unload`).
 """
 
 from __future__ import annotations
@@ -18,10 +23,19 @@ from typing import Any
 
 import torch
 
-from rft_hpc.config import load_config
+from rft_hpc.config import ExperimentConfig, load_config
+from rft_hpc.config.lora import LoraSettings
 from rft_hpc.core.errors import UserError
 from rft_hpc.core.rundir import RunDir, atomic_write_json, open_run_dir, read_json
-from rft_hpc.sync.checkpoint import load_weights
+from rft_hpc.models.lora import (
+    ADAPTER_CONFIG_FILE,
+    ADAPTER_FILE,
+    add_adapter,
+    is_adapter_state,
+    load_adapter_state,
+    merged_model,
+)
+from rft_hpc.sync.checkpoint import KIND_ADAPTER, load_weights, read_manifest
 from rft_hpc.sync.storage import (
     commit_folder,
     dtype_name,
@@ -77,10 +91,13 @@ def choose_version(run: RunDir, version: int | None, stage: str | None,
 
 
 def export_model(run_path: Path, out: Path, *, version: int | None = None,
-                 stage: str | None = None, shard_bytes: int = SHARD_BYTES) -> dict[str, Any]:
+                 stage: str | None = None, shard_bytes: int = SHARD_BYTES,
+                 merged: bool = False) -> dict[str, Any]:
     """Write weights `version` (default the newest) of `run_path` as a Hugging Face model
-    folder at `out` (which must not exist, or be empty). Returns what `rft_hpc_export.json`
-    records: run, stage, version, model folder, dtype, files."""
+    folder at `out` (which must not exist, or be empty); a LoRA adapter as a peft adapter
+    folder, or with `merged` merged into the base as a Hugging Face model folder. Returns
+    what `rft_hpc_export.json` records: run, stage, version, model folder, dtype, files,
+    kind (`full`, `lora-adapter` or `merged`)."""
     run = open_run_dir(run_path)
     chosen, version = choose_version(run, version, stage)
     config = load_config(chosen.config if chosen.config.is_file() else run.config)
@@ -92,6 +109,16 @@ def export_model(run_path: Path, out: Path, *, version: int | None = None,
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise UserError(f"{out} exists and is not an empty folder: choose another --out")
     state = load_weights(chosen.weights, version)
+    manifest = read_manifest(chosen.weights, version)
+    kind = manifest["kind"]
+    if kind == KIND_ADAPTER:
+        if not merged:
+            return _export_adapter(run, chosen, version, state, manifest["adapter"],
+                                   Path(model), out)
+        state, kind = _merged_state(config, state, manifest["adapter"]), "merged"
+    elif merged:
+        raise UserError(f"weights v{version} of {chosen.root.name} are a whole model, not a "
+                        "LoRA adapter: export them without --merged")
     model_config = read_json(Path(model) / "config.json")
     if model_config.get("tie_word_embeddings") and "lm_head.weight" in state:
         state.pop("lm_head.weight")  # tied: transformers and vLLM take the embeddings
@@ -105,15 +132,69 @@ def export_model(run_path: Path, out: Path, *, version: int | None = None,
         _write_config(tmp, model_config, dtype)
         files = _write_shards(tmp, state, shard_bytes)
         record = {"run": str(run.root), "stage": chosen.root.name, "version": version,
-                  "model": str(Path(model).resolve()), "dtype": dtype, "files": files}
-        atomic_write_json(tmp / "rft_hpc_export.json", record)
-        if out.exists():
-            out.rmdir()
-        commit_folder(tmp, out)
+                  "model": str(Path(model).resolve()), "dtype": dtype, "files": files,
+                  "kind": kind}
+        _commit(tmp, out, record)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return record
+
+
+def _commit(tmp: Path, out: Path, record: dict[str, Any]) -> None:
+    """Write `rft_hpc_export.json` into `tmp` and rename `tmp` to `out`."""
+    atomic_write_json(tmp / "rft_hpc_export.json", record)
+    if out.exists():
+        out.rmdir()
+    commit_folder(tmp, out)
+
+
+def _export_adapter(run: RunDir, stage: RunDir, version: int, state: dict[str, torch.Tensor],
+                    adapter: dict[str, Any], model: Path, out: Path) -> dict[str, Any]:
+    """A peft adapter folder: the adapter's tensors and config (its base: `model`) and the
+    model folder's tokenizer files."""
+    tmp = make_temp_folder(out.parent, out.name)
+    try:
+        for entry in sorted(model.iterdir()):
+            if entry.is_file() and not _WEIGHT_FILES.fullmatch(entry.name) and \
+                    entry.name not in ("config.json", "generation_config.json"):
+                shutil.copy2(entry, tmp / entry.name)
+        save_safetensors(tmp / ADAPTER_FILE, state)
+        atomic_write_json(tmp / ADAPTER_CONFIG_FILE, {
+            **adapter, "base_model_name_or_path": str(model.resolve())})
+        dtypes = {dtype_name(t.dtype) for t in state.values()}
+        record = {"run": str(run.root), "stage": stage.root.name, "version": version,
+                  "model": str(model.resolve()), "dtype": dtypes.pop() if len(dtypes) == 1
+                  else None, "files": [ADAPTER_FILE, ADAPTER_CONFIG_FILE],
+                  "kind": KIND_ADAPTER}
+        _commit(tmp, out, record)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return record
+
+
+def _merged_state(config: ExperimentConfig, state: dict[str, torch.Tensor],
+                  adapter: dict[str, Any]) -> dict[str, torch.Tensor]:
+    """The whole model's weights with the adapter `state` merged in: the run's model folder
+    (with the stage's whole-model start weights, if any), the adapter described by
+    `adapter` (peft's config), `merge_and_unload`."""
+    from transformers import AutoModelForCausalLM
+
+    dtype = next(iter(state.values())).dtype
+    base = AutoModelForCausalLM.from_pretrained(str(config.model.path), local_files_only=True,
+                                                dtype=dtype)
+    start = config.model.start_weights
+    if start is not None:
+        weights = load_weights(Path(start).parent, int(Path(start).name[1:]))
+        if not is_adapter_state(weights):
+            base.load_state_dict(weights)
+    settings = LoraSettings(rank=adapter["r"], alpha=adapter["lora_alpha"],
+                            dropout=adapter["lora_dropout"],
+                            target_modules=list(adapter["target_modules"]))
+    model = add_adapter(base, settings)
+    load_adapter_state(model, state)
+    return merged_model(model).state_dict()
 
 
 def _write_config(folder: Path, config: dict[str, Any], dtype: str | None) -> None:

@@ -3,6 +3,8 @@
 `checkpoint` writes versioned files (sync/checkpoint.py), by default on a background thread
 while the next step trains (sync/background.py, `sync.background`). `nccl` (gloo on CPUs) and `mpi`
 broadcast the weights to the explorers over the fabric (sync/collective.py, sync/mpi.py);
+with `model.lora` the weights are the adapter's tensors alone, on every path (the files add
+its peft config; over the fabric both sides take it from the stage's `model.lora`);
 when such a sync fails or outlasts `sync.timeout`, that version is written as files instead
 and counted (`sync_fallbacks`), so no role ever hangs on a dead peer. Files are also written
 at the end, once an explorer has finished (it no longer listens), and whenever the trainer
@@ -22,6 +24,7 @@ import torch
 
 from rft_hpc.config import ExperimentConfig
 from rft_hpc.core.rundir import RunDir
+from rft_hpc.models.lora import adapter_config
 from rft_hpc.runtime.common import role_status
 from rft_hpc.sync.background import BackgroundWeightWriter
 from rft_hpc.sync.checkpoint import latest_weights_version, publish_weights
@@ -76,7 +79,11 @@ class WeightPublisher:
         are there."""
         self.flush()
         if self.files_version != version:
-            publish_weights(self.run.weights, state_dict, version, keep_also=self.keep_also)
+            lora = self.config.model.lora
+            adapter = None if lora is None else adapter_config(lora, state_dict,
+                                                               self.config.model.path)
+            publish_weights(self.run.weights, state_dict, version, keep_also=self.keep_also,
+                            adapter=adapter)
             self.files_version = version
 
     def flush(self) -> None:

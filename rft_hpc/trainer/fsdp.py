@@ -12,6 +12,9 @@ when gathered (`full_model_state`, a collective, complete on rank 0 only), which
 trainer publishes and checkpoints, so the weight and checkpoint formats do not change.
 Rank 0 evaluates on a whole replica it builds once and loads the gathered weights into.
 Everything else is `TorchBackend`'s (the reference and the critic stay whole replicas).
+With `model.lora` the adapted model is sharded (frozen base and adapter); only the
+adapter's parameters are gathered to publish and checkpoint, and the reference is the
+sharded policy with its adapter off, so its forward is a collective too.
 """
 
 from __future__ import annotations
@@ -32,10 +35,12 @@ from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 
 from rft_hpc.config import ExperimentConfig
 from rft_hpc.engines.hf import HFEngine
+from rft_hpc.models.lora import adapter_state
 from rft_hpc.trainer.distributed import DistContext
 from rft_hpc.trainer.torch_backend import TorchBackend, replica_with
 
 _FULL = StateDictOptions(full_state_dict=True, cpu_offload=True)
+_TRAINABLE = StateDictOptions(full_state_dict=True, cpu_offload=True, ignore_frozen_params=True)
 
 
 def transformer_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
@@ -71,10 +76,12 @@ def is_sharded(model: torch.nn.Module) -> bool:
     return isinstance(model, FSDPModule)
 
 
-def full_model_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
-    """The full (gathered) state dict on CPU: a collective of every rank; complete on rank 0,
+def full_model_state(model: torch.nn.Module, trainable_only: bool = False,
+                     ) -> dict[str, torch.Tensor]:
+    """The full (gathered) state dict on CPU (`trainable_only`: of the parameters that
+    require gradients, a LoRA adapter's): a collective of every rank; complete on rank 0,
     empty on the others."""
-    return get_model_state_dict(model, options=_FULL)
+    return get_model_state_dict(model, options=_TRAINABLE if trainable_only else _FULL)
 
 
 def full_optimizer_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
@@ -91,8 +98,10 @@ class FullState:
     state and keeps this rank's part (a collective too: every rank restores together)."""
 
     def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None,
-                 gathered: dict[str, Any] | None = None) -> None:
+                 gathered: dict[str, Any] | None = None, strict: bool = True) -> None:
         self.model, self.optimizer, self.gathered = model, optimizer, gathered
+        self.strict = strict
+        """False: a model state may hold part of the model (a LoRA adapter's tensors)."""
 
     def state_dict(self) -> dict[str, Any]:
         """The full state gathered when this view was made."""
@@ -102,7 +111,7 @@ class FullState:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Load a full state: the model's, or the optimizer's when this views one."""
-        options = StateDictOptions(full_state_dict=True)
+        options = StateDictOptions(full_state_dict=True, strict=self.strict)
         if self.optimizer is None:
             set_model_state_dict(self.model, state, options=options)
         else:
@@ -134,17 +143,23 @@ class FSDPBackend(TorchBackend):
         """Nothing: FSDP2 sums the gradients over the ranks in the backward pass."""
 
     def full_state(self) -> dict[str, torch.Tensor]:
-        """`full_model_state`: a collective, complete on rank 0."""
-        return full_model_state(self.model)
+        """`full_model_state` (with `model.lora` the adapter's, peft names): a collective,
+        complete on rank 0."""
+        if not self.lora:
+            return full_model_state(self.model)
+        gathered = full_model_state(self.model, trainable_only=True)
+        return adapter_state(self.model, gathered) if gathered else {}
 
     def checkpoint_parts(self, optimizer: torch.optim.Optimizer) -> tuple[Any, Any]:
-        """Both full states gathered (a collective) into `FullState` views."""
-        return (FullState(self.model, None, full_model_state(self.model)),
+        """Both full states gathered (a collective) into `FullState` views (with
+        `model.lora` the adapter's under the model's names, as `AdapterCheckpoint`)."""
+        model = full_model_state(self.model, trainable_only=self.lora)
+        return (FullState(self.model, None, model, strict=not self.lora),
                 FullState(self.model, optimizer, full_optimizer_state(self.model, optimizer)))
 
     def restore_parts(self, optimizer: torch.optim.Optimizer) -> tuple[Any, Any]:
         """`FullState` views that load a full state into this rank's shards."""
-        return FullState(self.model, None), FullState(self.model, optimizer)
+        return FullState(self.model, None, strict=not self.lora), FullState(self.model, optimizer)
 
     def eval_engine(self, weights: Mapping[str, torch.Tensor] | None) -> HFEngine:
         """Rank 0's whole replica (built at the first call) with `weights` loaded."""

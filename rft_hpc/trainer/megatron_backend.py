@@ -22,9 +22,9 @@ The compute dtype is `model.dtype` (`auto`: bfloat16 on CUDA, else float32; weig
 AdamW state in it too): megatron-core's layers do not run under autocast, so
 `trainer.dtype` must be `auto` or `model.dtype`.
 
-Refused (`megatron_unsupported`): pipeline parallelism > 1, a rank count that is not a
-multiple of `tensor_parallel`, a critic (PPO/GAE), a KL penalty in the reward at TP > 1
-(rank 0 would run the sharded reference alone).
+Refused (`megatron_unsupported`): a LoRA adapter (`model.lora`), pipeline parallelism > 1,
+a rank count that is not a multiple of `tensor_parallel`, a critic (PPO/GAE), a KL penalty
+in the reward at TP > 1 (rank 0 would run the sharded reference alone).
 """
 
 from __future__ import annotations
@@ -43,6 +43,7 @@ from rft_hpc.megatron.shards import tp_cut
 from rft_hpc.trainer.algorithm import AlgorithmPlan
 from rft_hpc.trainer.distributed import DistContext, all_reduce_gradients
 from rft_hpc.trainer.fsdp import FullState
+from rft_hpc.trainer.lora import lora_unsupported
 from rft_hpc.trainer.torch_backend import idle_pass, replica_with
 
 _MOMENTS = ("exp_avg", "exp_avg_sq")
@@ -52,6 +53,9 @@ def megatron_unsupported(config: ExperimentConfig, world_size: int | None = None
     """Why the Megatron backend cannot train `config` (on `world_size` ranks, when known):
     a sentence naming the setting, or None."""
     mcfg = config.trainer.megatron
+    lora = lora_unsupported(config, sharded=True)
+    if lora is not None:
+        return lora
     if mcfg.pipeline_parallel > 1:
         return ("trainer.megatron.pipeline_parallel > 1 is not in the training loop yet "
                 "(the weight layout and gather support it, see docs/megatron.md); use 1")

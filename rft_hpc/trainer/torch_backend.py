@@ -5,6 +5,8 @@ weights (broadcast). Each rank's loss is its rows' share of the whole batch's lo
 the backward passes the gradients are summed over the ranks in buckets, and every rank takes
 the same optimizer step, so the replicas stay identical. One process is the same backend
 without a process group. A bfloat16 compute dtype runs the forward under `torch.autocast`.
+With `model.lora` the replica carries a LoRA adapter, the only part that trains, is
+published and checkpointed (`rft_hpc.trainer.lora`).
 `FSDPBackend` (`rft_hpc.trainer.fsdp`) is this backend with the replica sharded.
 """
 
@@ -18,8 +20,12 @@ from typing import Any
 import torch
 
 from rft_hpc.config import ExperimentConfig
+from rft_hpc.core.errors import UserError
 from rft_hpc.engines.hf import HFEngine, load_policy
+from rft_hpc.models.lora import adapter_state
+from rft_hpc.sync.checkpoint import load_start_weights
 from rft_hpc.trainer.distributed import DistContext, all_reduce_gradients, broadcast_parameters
+from rft_hpc.trainer.lora import AdapterCheckpoint, AdapterOff, lora_unsupported
 
 
 class TorchBackend:
@@ -36,6 +42,14 @@ class TorchBackend:
         self.compute_dtype = compute_dtype(config.trainer.dtype, self.device)
         self.rank0_forward = True
         self.engine: HFEngine | None = None
+        self.lora = config.model.lora is not None
+        """Train a LoRA adapter on the frozen model (`model.lora`)."""
+        self.shared_reference: torch.nn.Module | None = None
+        """The reference when it is the policy with its adapter off (its forward, like the
+        policy's, is then a collective under FSDP)."""
+        problem = lora_unsupported(config, self.sharded)
+        if problem:
+            raise UserError(problem)
 
     def place(self, hf_model: torch.nn.Module) -> None:
         """Every rank keeps the whole model on its device."""
@@ -43,8 +57,11 @@ class TorchBackend:
             hf_model.to(self.device)
 
     def build(self, engine: HFEngine, reference: bool) -> torch.nn.Module | None:
-        """Train `engine.model` itself, with rank 0's weights; the reference is a copy."""
+        """Train `engine.model` itself, with rank 0's weights; the reference is a copy, or
+        with `model.lora` the model with a fresh adapter, the reference the adapter off."""
         self.engine = engine
+        if self.lora:
+            engine.enable_lora(self.config.run.seed)
         model = engine.model
         broadcast_parameters(model, self.dist)
         model.train()
@@ -52,7 +69,12 @@ class TorchBackend:
             model.gradient_checkpointing_enable(
                 gradient_checkpointing_kwargs={"use_reentrant": False})
         self.model = model
-        return frozen_copy(model) if reference else None
+        if not reference:
+            return None
+        if self.lora:
+            self.shared_reference = AdapterOff(model)
+            return self.shared_reference
+        return frozen_copy(model)
 
     def distribute(self) -> None:
         """Nothing: every rank keeps its whole replica."""
@@ -69,8 +91,9 @@ class TorchBackend:
         return torch.autocast(self.device.type, dtype=self.compute_dtype)
 
     def idle_pass(self, pad_id: int) -> None:
-        """A zero-loss pass of one token (see `idle_pass`)."""
-        idle_pass(self.model, self.device, pad_id)
+        """A zero-loss pass of one token (see `idle_pass`), with the reference's forward
+        where that is the policy's (a rank's loss passes run both)."""
+        idle_pass(self.model, self.device, pad_id, self.shared_reference)
 
     def reduce_gradients(self) -> None:
         """Sum the gradients over all ranks (a collective; nothing for one process)."""
@@ -81,16 +104,16 @@ class TorchBackend:
         return float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm))
 
     def full_state(self) -> dict[str, torch.Tensor]:
-        """The replica's own state dict."""
-        return self.model.state_dict()
+        """The replica's own state dict, or with `model.lora` the adapter's (peft names)."""
+        return adapter_state(self.model) if self.lora else self.model.state_dict()
 
     def checkpoint_parts(self, optimizer: torch.optim.Optimizer) -> tuple[Any, Any]:
-        """The model and optimizer themselves."""
-        return self.model, optimizer
+        """The model (with `model.lora` its adapter) and the optimizer."""
+        return (AdapterCheckpoint(self.model) if self.lora else self.model), optimizer
 
     def restore_parts(self, optimizer: torch.optim.Optimizer) -> tuple[Any, Any]:
-        """The model and optimizer themselves."""
-        return self.model, optimizer
+        """The model (with `model.lora` its adapter) and the optimizer."""
+        return self.checkpoint_parts(optimizer)
 
     def eval_engine(self, weights: Mapping[str, torch.Tensor] | None) -> HFEngine:
         """The engine on the trained replica itself (`weights` are not needed)."""
@@ -113,20 +136,32 @@ def frozen_copy(model: torch.nn.Module) -> torch.nn.Module:
     return ref
 
 
-def idle_pass(model: torch.nn.Module, device: torch.device, token: int) -> None:
+def idle_pass(model: torch.nn.Module, device: torch.device, token: int,
+              reference: torch.nn.Module | None = None) -> None:
     """A forward and backward of one token with a zero loss: a rank with no micro-batch left
-    takes part in the others' gathers and reductions, adding nothing to the gradients."""
+    takes part in the others' gathers and reductions, adding nothing to the gradients. With
+    `reference`, its forward runs between the two, where a loss pass runs it."""
     ids = torch.tensor([[token]], device=device)
-    logits = model(input_ids=ids, attention_mask=torch.ones_like(ids), use_cache=False).logits
+    mask = torch.ones_like(ids)
+    logits = model(input_ids=ids, attention_mask=mask, use_cache=False).logits
+    if reference is not None:
+        with torch.no_grad():
+            reference(input_ids=ids, attention_mask=mask, use_cache=False)
     (logits.float().sum() * 0.0).backward()
 
 
 def whole_replica(config: ExperimentConfig, device: torch.device) -> HFEngine:
     """An engine on a whole HF replica of the configured model on `device` (eval mode):
-    where a sharded backend's rank 0 loads gathered weights to evaluate them."""
+    where a sharded backend's rank 0 loads gathered weights to evaluate them. With
+    `model.lora` the replica holds the stage's start weights and an adapter to load into."""
     tokenizer, model = load_policy(config.model.path, config.model.dtype)
-    return HFEngine(model=model.to(device).eval(), tokenizer=tokenizer, device=str(device),
-                    prompt=config.prompt)
+    engine = HFEngine(model=model.to(device).eval(), tokenizer=tokenizer, device=str(device),
+                      prompt=config.prompt, lora=config.model.lora)
+    if config.model.lora is not None:
+        load_start_weights(engine, config)
+        engine.enable_lora()
+        engine.model.eval()
+    return engine
 
 
 def replica_with(engine: HFEngine | None, config: ExperimentConfig, device: torch.device,
@@ -135,5 +170,6 @@ def replica_with(engine: HFEngine | None, config: ExperimentConfig, device: torc
     how a sharded backend's rank 0 evaluates."""
     if engine is None:
         engine = whole_replica(config, device)
-    engine.model.load_state_dict(weights)
+    assert weights is not None, "a sharded backend evaluates gathered weights"
+    engine.load_weights(weights, engine.version)
     return engine

@@ -48,6 +48,7 @@ from rft_hpc.trainer.distributed import (
     broadcast_parameters,
     scatter_objects,
 )
+from rft_hpc.trainer.lora import trainable
 from rft_hpc.trainer.lr_schedule import build_scheduler
 from rft_hpc.trainer.micro import drop_oversized, pack, sub_shard
 from rft_hpc.trainer.prepare import BatchPreparer, collate_for, expert_rows, old_logprobs
@@ -91,7 +92,8 @@ class Trainer:
         self.tokenizer, hf_model = load_policy(config.model.path, config.model.dtype)
         self.backend.place(hf_model)
         self.engine = HFEngine(model=hf_model, tokenizer=self.tokenizer,
-                               device=str(self.device), prompt=config.prompt)
+                               device=str(self.device), prompt=config.prompt,
+                               lora=config.model.lora)
         load_start_weights(self.engine, config)
         self.reference = self.backend.build(self.engine, self.plan.needs_reference)
         self.critic: ValueHeadModel | None = None
@@ -103,7 +105,8 @@ class Trainer:
                 [p for p in self.critic.parameters() if p.requires_grad],
                 lr=self.plan.critic_lr, weight_decay=tcfg.weight_decay)
         self.backend.distribute()  # after the critic's copy: it stays a whole replica
-        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=tcfg.lr,
+        # with a LoRA adapter only its parameters train: the frozen base gets no state
+        self.optimizer = torch.optim.AdamW(trainable(self.model), lr=tcfg.lr,
                                            weight_decay=tcfg.weight_decay)
         self.scheduler = build_scheduler(self.optimizer, tcfg.steps, tcfg.warmup_steps,
                                          tcfg.lr_schedule, tcfg.min_lr_ratio)

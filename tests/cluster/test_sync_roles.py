@@ -43,6 +43,26 @@ def test_the_demo_runs_with_each_fabric_method(tmp_path: Path, tiny_model: Path,
 
 
 @pytest.mark.parametrize("method", ["nccl", "mpi"])
+def test_lora_adapters_travel_over_each_fabric_method(tmp_path: Path, tiny_model: Path,
+                                                      method: str) -> None:
+    """With `model.lora` each version on the fabric is the adapter's tensors alone; the
+    explorers apply them through peft, and the final files are an adapter version."""
+    from rft_hpc.sync.checkpoint import read_manifest
+
+    result = rft("run", DEMO, *short(tmp_path, tiny_model, "--set", "stages=[]",
+                                     "--set", "trainer.steps=10", "--set", f"sync.method={method}",
+                                     "--set", "sync.timeout=60", "--set", "sync.checksum=true",
+                                     "--set", "model.lora={rank: 8}",
+                                     "--set", "trainer.lr=1e-3"), timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    stage = tmp_path / "demo" / "stages" / "0-main"
+    fabric_carried_the_weights(stage, 10)
+    manifest = read_manifest(stage / "weights", 10)
+    assert manifest["kind"] == "lora-adapter"
+    assert all(".lora_" in name for name in manifest["tensors"])
+
+
+@pytest.mark.parametrize("method", ["nccl", "mpi"])
 def test_fabric_sync_between_separately_submitted_jobs(
         slurm_env: dict[str, str], tmp_path: Path, tiny_model: Path, method: str) -> None:
     run = submit(slurm_env, tmp_path, tiny_model, f"fabric-{method}-{os.getpid()}",

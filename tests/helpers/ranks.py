@@ -53,9 +53,11 @@ def finish(procs: list[subprocess.Popen], timeout: float = 300) -> list[tuple[in
     return out
 
 
-def write_config(path: Path, model: Path, **sections: dict) -> Path:
-    """A config file at `path` for `model`, with `sections` over a seeded minimal base."""
-    data = {"run": {"root": str(path.parent), "seed": 0}, "model": {"path": str(model)},
+def write_config(path: Path, model: Path, lora: dict | None = None, **sections: dict) -> Path:
+    """A config file at `path` for `model` (with a LoRA adapter: `model.lora`), with
+    `sections` over a seeded minimal base."""
+    model_section = {"path": str(model)} if lora is None else {"path": str(model), "lora": lora}
+    data = {"run": {"root": str(path.parent), "seed": 0}, "model": model_section,
             "explorer": {"temperature": 1.0}, **sections}
     path.write_text(yaml.safe_dump(data))
     return path
@@ -79,14 +81,16 @@ def fixed_batch(algorithm: str) -> Batch:
     return Batch(records=records, weights=weights, uses=[0] * 8)
 
 
-def sft_stage(tmp_path: Path, model: Path, name: str, **trainer) -> Path:
-    """An offline SFT stage directory, prepared as `rft-hpc run` prepares one."""
+def sft_stage(tmp_path: Path, model: Path, name: str, lora: dict | None = None,
+              **trainer) -> Path:
+    """An offline SFT stage directory, prepared as `rft-hpc run` prepares one (training a
+    LoRA adapter with `lora`)."""
     from rft_hpc.config import load_config
     from rft_hpc.run.stages import prepare_model, prepare_stage
 
     settings = {"lr": 3e-4, "batch_size": 16, "steps": 4,
                 "save_interval": 2, **trainer}
-    path = write_config(tmp_path / f"{name}.yaml", model, mode="train",
+    path = write_config(tmp_path / f"{name}.yaml", model, lora=lora, mode="train",
                         data={"source": "tasks"}, trainer=settings,
                         algorithm={"algorithm_type": "sft"},
                         tasks={"type": "arithmetic", "digits": 1, "eval_size": 8},

@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -50,14 +52,17 @@ sys.meta_path.insert(0, _NoVLLM())
 """A sitecustomize.py that makes vllm unimportable, as it is on the device image."""
 
 
-def test_grpo_check_without_vllm_runs_grpo_on_hf_and_reports_both_rates(tmp_path: Path) -> None:
+@pytest.mark.parametrize("lora", [0, 8])
+def test_grpo_check_without_vllm_runs_grpo_on_hf_and_reports_both_rates(tmp_path: Path,
+                                                                        lora: int) -> None:
     """grpo_check.py's tiny shape through `rft-hpc run` where vLLM is missing: the HF engine,
-    `"vllm": "missing"`, every rollout trained once, both rates from the run's metrics."""
+    `"vllm": "missing"`, every rollout trained once, both rates from the run's metrics; with
+    `--lora` the versions are adapters (grpo_qwen05b_lora)."""
     (tmp_path / "sitecustomize.py").write_text(HIDE_VLLM)
     path = os.pathsep.join(filter(None, [str(tmp_path), os.environ.get("PYTHONPATH")]))
     proc = subprocess.run(
         [sys.executable, str(REPO / "tools/device/grpo_check.py"), "--steps", "2",
-         "--tasks", "2", "--repeat", "2", "--max-new-tokens", "16"],
+         "--tasks", "2", "--repeat", "2", "--max-new-tokens", "16", "--lora", str(lora)],
         capture_output=True, text=True, timeout=240, cwd=REPO,
         env={**os.environ, "CUDA_VISIBLE_DEVICES": "", "PYTHONPATH": path})
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
@@ -71,4 +76,5 @@ def test_grpo_check_without_vllm_runs_grpo_on_hf_and_reports_both_rates(tmp_path
     assert result["generated_tokens"] == result["trained_tokens"] > 0
     assert result["rollout_tokens_per_s"] > 0 and result["trainer_tokens_per_s"] > 0
     assert any(g > 0 for g in result["grad_norms"])  # the rewards differ within a group
-    assert result["weights"] == {"version": 2, "dtypes": ["float32"], "finite": True}
+    assert result["weights"] == {"version": 2, "dtypes": ["float32"], "finite": True,
+                                 "kind": "lora-adapter" if lora else "full"}

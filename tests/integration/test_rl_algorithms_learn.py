@@ -2,7 +2,8 @@
 held-out accuracy by 25 points, and each algorithm, run for 30 steps from the demo's
 SFT-warmed model, raises held-out greedy accuracy on 200 two-digit additions by at least 10
 points. GRPO with its explorers up to 4 versions ahead and an off-policy correction learns as
-much as the demo's one version ahead without one.
+much as the demo's one version ahead without one, and GRPO training a rank-8 LoRA adapter
+beats the starting model by more than noise can.
 
 Measured (docs/algorithms.md): +19 to +31 points after 30 steps (two seeds), +22 to +32
 after 50, for every algorithm; the 10-point margin is well inside that. The warm-up (the SFT
@@ -133,10 +134,10 @@ def trainer_metrics(run: Path) -> list[dict]:
     return [m for m in rows if "loss" in m]
 
 
-def final_answers(run: Path) -> list[bool]:
-    """Whether each held-out task was answered right by the run's final weights, in
-    eval-split order (the trainer's recorded greedy answers)."""
-    rows = read_jsonl(run / "stages" / "0-main" / "eval" / "answers" / f"v{STEPS:06d}.jsonl")
+def final_answers(run: Path, step: int = STEPS) -> list[bool]:
+    """Whether each held-out task was answered right by the run's final weights (those of
+    `step`), in eval-split order (the trainer's recorded greedy answers)."""
+    rows = read_jsonl(run / "stages" / "0-main" / "eval" / "answers" / f"v{step:06d}.jsonl")
     assert len(rows) == EVAL_SIZE
     return [r["reward"] >= 1.0 for r in rows]
 
@@ -154,6 +155,25 @@ def test_a_short_rl_run_raises_held_out_accuracy(rl_run: Callable[..., Path],
     trained = trainer_metrics(run)
     assert len(trained) == STEPS and all(metric in m for m in trained)
     assert ev["final_accuracy"] - ev["initial_accuracy"] >= MIN_GAIN, ev
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1200)
+def test_grpo_training_a_rank_8_lora_adapter_raises_held_out_accuracy(
+        rl_run: Callable[..., Path]) -> None:
+    """The demo's GRPO stage with `model.lora` (rank 8; a LoRA's usual 30x the learning
+    rate): on the same 200 held-out problems the final adapter's answers beat the starting
+    model's by more than noise can (McNemar's exact test, one-sided p < 0.01). Measured:
+    56 % -> 70 % and 56 % -> 75 % (p = 3e-4, 1e-6) in two runs; lr 1e-3 overshoots."""
+    run = rl_run("grpo-lora", "grpo.yaml", "model.lora={rank: 8}", "trainer.lr=3e-4")
+    p, b, c = mcnemar_p(final_answers(run, 0), final_answers(run))
+    ev = json.loads((run / "summary.json").read_text())["eval"]
+    print(f"grpo + lora rank 8: held-out accuracy {ev['initial_accuracy']:.3f} -> "
+          f"{ev['final_accuracy']:.3f}, wrong -> right {b}, right -> wrong {c}, p = {p:.3g}")
+    assert p < 0.01, (ev, b, c)
+    manifest = json.loads((run / "stages" / "0-main" / "weights" / f"v{STEPS:06d}" /
+                           "manifest.json").read_text())
+    assert manifest["kind"] == "lora-adapter" and manifest["adapter"]["r"] == 8
 
 
 @pytest.mark.slow

@@ -74,6 +74,7 @@ CHECKS: list[Check] = [
           unless=(("vllm", "--no-vllm"),)),
     Check("grpo_qwen05b", "grpo_check.py", 150),
     Check("vllm_engine", "vllm_check.py", 300, args=("--eager",), needs=("vllm",)),
+    Check("grpo_qwen05b_lora", "grpo_check.py", 150, args=("--lora", "16"), needs=("peft",)),
 ]
 
 CORE_MODULES = ("numpy", "torch", "h5py", "pydantic", "yaml", "typer", "rich",
@@ -81,7 +82,7 @@ CORE_MODULES = ("numpy", "torch", "h5py", "pydantic", "yaml", "typer", "rich",
 """What rft-hpc imports to build configs, models and the trainer."""
 
 DEVICE_WHEELS = ("pydantic", "pydantic-core", "typing-inspection", "annotated-types",
-                 "submitit", "megatron-core")
+                 "submitit", "megatron-core", "peft", "accelerate")
 """Packages the device image lacks (KINDS.md's list), fetched by --fetch-wheels at the
 versions installed here. vLLM is not among them: its CUDA wheel is far over the device
 tool's 64 MiB carry limit, and it is built against one torch version, not the image's."""

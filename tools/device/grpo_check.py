@@ -119,7 +119,8 @@ def run_config(tmp: Path, model: Path, engine: str, args: argparse.Namespace) ->
     threads = max(1, (os.cpu_count() or 2) // 2)  # the HF engine generates on the CPUs
     return {
         "run": {"name": "grpo", "root": str(tmp / "runs"), "seed": 0},
-        "model": {"path": str(model), "dtype": "auto"},
+        "model": {"path": str(model), "dtype": "auto",
+                  **({"lora": {"rank": args.lora, "alpha": 2 * args.lora}} if args.lora else {})},
         "prompt": {"format": "chat", "system_prompt": "Add the numbers."},
         "tasks": {"type": "arithmetic", "digits": 2, "ops": "+", "eval_size": 2,
                   "reward": "grpo_check:distinct_share"},
@@ -128,7 +129,8 @@ def run_config(tmp: Path, model: Path, engine: str, args: argparse.Namespace) ->
                      "max_new_tokens": args.max_new_tokens, "threads": threads,
                      **({"vllm": vllm} if engine == "vllm" else {})},
         "algorithm": {"algorithm_type": "grpo"},
-        "trainer": {"backend": "torch", "dtype": "auto", "lr": 1e-6, "batch_size": batch,
+        "trainer": {"backend": "torch", "dtype": "auto", "lr": 1e-5 if args.lora else 1e-6,
+                    "batch_size": batch,
                     "steps": args.steps, "save_interval": args.steps, "keep_checkpoints": 1},
         "sync": {"method": "checkpoint", "interval": 1, "offset": 1},
         "eval": {"interval": 0, "max_new_tokens": 4},
@@ -183,7 +185,8 @@ def published_weights(stage: Path) -> dict[str, Any]:
     tensors: dict[str, torch.Tensor] = {}
     for shard in sorted(versions[-1].glob("*.safetensors")):
         tensors.update(load_file(str(shard)))
-    return {"version": int(versions[-1].name[1:]),
+    manifest = json.loads((versions[-1] / "manifest.json").read_text())
+    return {"version": int(versions[-1].name[1:]), "kind": manifest.get("kind", "full"),
             "dtypes": sorted({str(t.dtype).removeprefix("torch.") for t in tensors.values()}),
             "finite": all(bool(torch.isfinite(t).all()) for t in tensors.values())}
 
@@ -255,6 +258,7 @@ def grpo_check(args: argparse.Namespace) -> dict[str, Any]:
         and all(math.isfinite(v) for v in numbers)
         and any(r["grad_norm"] > 0 for r in trainer)
         and weights.get("finite") and weights.get("dtypes") == [want_dtype]
+        and weights.get("kind") == ("lora-adapter" if args.lora else "full")
         and rollout > 0 and train > 0)
     return result
 
@@ -270,6 +274,8 @@ def main() -> int:
     ap.add_argument("--tasks", type=int, default=4, help="prompts per step [4]")
     ap.add_argument("--repeat", type=int, default=4, help="rollouts per prompt [4]")
     ap.add_argument("--max-new-tokens", type=int, default=64, help="[64]")
+    ap.add_argument("--lora", type=int, default=0, metavar="RANK",
+                    help="train a LoRA adapter of this rank (model.lora); 0: the whole model")
     ap.add_argument("--timeout", type=float, default=110,
                     help="seconds rft-hpc run may take before it is stopped [110]")
     args = ap.parse_args()

@@ -1,0 +1,142 @@
+"""LoRA adapters with the `peft` library: add one to a model, read and load its tensors,
+describe it as peft's `adapter_config.json`, merge it into the base.
+
+Adapter tensors travel (published, broadcast, exported) under peft's own names, as
+`get_peft_model_state_dict` gives them and `adapter_model.safetensors` holds them, e.g.
+`base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight`. A state dict is an
+adapter's when every name holds `.lora_A.` or `.lora_B.`; the rest of a published
+version's description (rank, alpha, target modules) is `adapter_config`.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from rft_hpc.config.lora import LoraSettings
+
+ADAPTER_FILE = "adapter_model.safetensors"
+"""The adapter's tensors in a peft adapter folder."""
+ADAPTER_CONFIG_FILE = "adapter_config.json"
+"""The adapter's description in a peft adapter folder."""
+ADAPTER_PARTS = (".lora_A.", ".lora_B.")
+"""What an adapter tensor's name holds (peft's names and the model's alike)."""
+_PARTS = ADAPTER_PARTS
+
+
+def peft_config(settings: LoraSettings, base_model: str | None = None) -> Any:
+    """peft's `LoraConfig` for a causal LM with these settings."""
+    from peft import LoraConfig
+
+    return LoraConfig(r=settings.rank, lora_alpha=settings.alpha,
+                      lora_dropout=settings.dropout, target_modules=settings.target_modules,
+                      task_type="CAUSAL_LM", base_model_name_or_path=base_model)
+
+
+def add_adapter(model: torch.nn.Module, settings: LoraSettings, seed: int = 0,
+                ) -> torch.nn.Module:
+    """`model` with a fresh LoRA adapter (peft's `get_peft_model`: B = 0, so it computes
+    what `model` did; A drawn from `seed`, the same in every process, whatever the global
+    RNGs hold). Only the adapter's parameters require gradients; the base layers are
+    changed in place (wrapped), not copied."""
+    from peft import get_peft_model
+
+    with torch.random.fork_rng(devices=range(torch.cuda.device_count())):
+        torch.manual_seed(seed)
+        return get_peft_model(model, peft_config(settings))
+
+
+def is_adapted(model: torch.nn.Module) -> bool:
+    """True when `model` carries a peft adapter."""
+    from peft import PeftModel
+
+    return isinstance(model, PeftModel)
+
+
+def is_adapter_state(state: Mapping[str, Any]) -> bool:
+    """True when `state` holds adapter tensors only (peft names, see the module doc)."""
+    return bool(state) and all(any(p in name for p in _PARTS) for name in state)
+
+
+def adapter_state(model: torch.nn.Module,
+                  full: Mapping[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
+    """The adapter's tensors under peft's names, from `model` itself or from `full`, a
+    state dict of the whole adapted model (a gathered FSDP state)."""
+    from peft import get_peft_model_state_dict
+
+    return dict(get_peft_model_state_dict(model, state_dict=None if full is None
+                                          else dict(full)))
+
+
+def load_adapter_state(model: torch.nn.Module, state: Mapping[str, torch.Tensor]) -> None:
+    """Copy an adapter's tensors (peft names) into `model`'s adapter, strictly: every
+    adapter tensor of the model must be given and nothing else (ValueError otherwise)."""
+    from peft import set_peft_model_state_dict
+
+    expected = set(adapter_state(model))
+    if set(state) != expected:
+        odd = sorted(set(state) ^ expected)
+        raise ValueError(f"adapter tensors differ from the model's adapter: {odd[:3]}")
+    set_peft_model_state_dict(model, dict(state))
+
+
+def model_names(state: Mapping[str, torch.Tensor], adapter: str = "default",
+                ) -> dict[str, torch.Tensor]:
+    """`state` (peft names) under the adapted model's own parameter names (the adapter's
+    name inserted: `.lora_A.default.weight`), as `state_dict()` and FSDP's state-dict
+    functions name them."""
+    out = {}
+    for name, tensor in state.items():
+        for part in _PARTS:
+            name = name.replace(part, f"{part}{adapter}.")
+        out[name] = tensor
+    return out
+
+
+def peft_names(state: Mapping[str, torch.Tensor], adapter: str = "default",
+               ) -> dict[str, torch.Tensor]:
+    """`state` under the adapted model's own names (`model_names`) back under peft's."""
+    out = {}
+    for name, tensor in state.items():
+        for part in _PARTS:
+            name = name.replace(f"{part}{adapter}.", part)
+        out[name] = tensor
+    return out
+
+
+def target_modules(names: Iterable[str]) -> list[str]:
+    """The module names (last component) that adapter tensors `names` belong to, sorted."""
+    found = set()
+    for name in names:
+        for part in _PARTS:
+            if part in name:
+                found.add(name.split(part)[0].rsplit(".", 1)[-1])
+    return sorted(found)
+
+
+def adapter_config(settings: LoraSettings, tensor_names: Iterable[str],
+                   base_model: str | Path | None) -> dict[str, Any]:
+    """peft's `adapter_config.json` of an adapter with these settings and tensors: the
+    target modules are those the tensors belong to (`all-linear` resolved), so the file
+    loads in peft and vLLM whatever the settings named."""
+    names = list(tensor_names)
+    resolved = settings.model_copy(update={"target_modules": target_modules(names)})
+    config = peft_config(resolved, None if base_model is None else str(base_model)).to_dict()
+    config["inference_mode"] = True
+    return json.loads(json.dumps(config, default=_json_default))
+
+
+def _json_default(value: Any) -> Any:
+    if isinstance(value, set | frozenset):
+        return sorted(value)
+    raise TypeError(f"{type(value).__name__} is not JSON")
+
+
+def merged_model(model: torch.nn.Module) -> torch.nn.Module:
+    """The base model with the adapter's update added into its weights (peft's
+    `merge_and_unload`): a plain transformers model that computes what the adapted one did."""
+    return model.merge_and_unload()
