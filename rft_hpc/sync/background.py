@@ -14,6 +14,7 @@ import threading
 import time
 from collections.abc import Collection, Mapping
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -30,20 +31,24 @@ class BackgroundWeightWriter:
         self._thread: threading.Thread | None = None
         self._error: BaseException | None = None
 
-    def submit(self, state_dict: Mapping[str, torch.Tensor], version: int) -> float:
-        """Start writing `version` (a host copy of `state_dict` taken now); returns the
-        seconds spent waiting for the previous write to finish."""
+    def submit(self, state_dict: Mapping[str, torch.Tensor], version: int, *,
+               adapter: dict[str, Any] | None = None) -> float:
+        """Start writing `version` (a host copy of `state_dict` taken now; `adapter`: as
+        `publish_weights` takes it); returns the seconds spent waiting for the previous
+        write to finish."""
         waited = self.wait()
         snapshot = {name: t.detach().to("cpu", copy=True) for name, t in state_dict.items()}
-        self._thread = threading.Thread(target=self._write, args=(snapshot, version),
+        self._thread = threading.Thread(target=self._write, args=(snapshot, version, adapter),
                                         name=f"weights-writer-v{version}", daemon=True)
         self._thread.start()
         return waited
 
-    def _write(self, snapshot: dict[str, torch.Tensor], version: int) -> None:
+    def _write(self, snapshot: dict[str, torch.Tensor], version: int,
+               adapter: dict[str, Any] | None) -> None:
         t0 = time.monotonic()
         try:
-            publish_weights(self.weights_dir, snapshot, version, keep_also=self.keep_also)
+            publish_weights(self.weights_dir, snapshot, version, keep_also=self.keep_also,
+                            adapter=adapter)
         except BaseException as exc:  # handed to the trainer's thread by `wait`
             self._error = exc
         self.write_seconds = time.monotonic() - t0

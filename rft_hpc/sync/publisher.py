@@ -65,7 +65,7 @@ class WeightPublisher:
         t0 = time.monotonic()
         values = {}
         if self._writer is not None and self.files_version != version:
-            self._writer.submit(state_dict, version)
+            self._writer.submit(state_dict, version, adapter=self._adapter(state_dict))
             self.files_version = version
             values["sync_write_seconds"] = self._writer.write_seconds
         elif self.method == "checkpoint" or self._an_explorer_finished() or not self._send(
@@ -79,12 +79,15 @@ class WeightPublisher:
         are there."""
         self.flush()
         if self.files_version != version:
-            lora = self.config.model.lora
-            adapter = None if lora is None else adapter_config(lora, state_dict,
-                                                               self.config.model.path)
             publish_weights(self.run.weights, state_dict, version, keep_also=self.keep_also,
-                            adapter=adapter)
+                            adapter=self._adapter(state_dict))
             self.files_version = version
+
+    def _adapter(self, state_dict: Mapping[str, torch.Tensor]) -> dict[str, Any] | None:
+        """peft's adapter config of a LoRA run's published tensors (None: a whole model)."""
+        lora = self.config.model.lora
+        return None if lora is None else adapter_config(lora, state_dict,
+                                                        self.config.model.path)
 
     def flush(self) -> None:
         """Wait until every version published so far is on the filesystem."""
