@@ -87,7 +87,7 @@ def test_a_lora_run_with_vllm_explorers_samples_with_each_adapter(tmp_path, tiny
     from rft_hpc.engines.hf import HFEngine
     from rft_hpc.sync.checkpoint import latest_weights_version
 
-    steps = 4
+    steps = 3
     result = rft("run", DEMO, *short(
         tmp_path, tiny_model, "--set", "stages=[]", "--set", "explorer.engine=vllm",
         "--set", "explorer.vllm.enforce_eager=true", "--set", "explorer.vllm.kv_cache_gb=0.25",
