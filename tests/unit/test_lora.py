@@ -145,3 +145,15 @@ def test_fsdp_refuses_a_kl_penalty_on_the_adapter_off_reference(tmp_path, tiny_m
     with pytest.raises(UserError, match=r"^stage main: model.lora under trainer.parallel fsdp "
                        r"with algorithm.kl_penalty_fn: rank 0 would run"):
         check_runnable(load_config(path))
+
+
+def test_an_algorithm_with_a_critic_is_refused_with_lora(tmp_path, tiny_model):
+    from rft_hpc.run.stages import check_runnable
+
+    path = write_config(tmp_path / "p.yaml", tiny_model, lora=LORA,
+                        algorithm={"algorithm_type": "ppo"})
+    with pytest.raises(UserError, match=r"^stage main: model.lora with algorithm ppo: its "
+                       r"critic .* has no LoRA support yet"):
+        check_runnable(load_config(path))
+    with pytest.raises(UserError, match="has no LoRA support yet"):
+        Trainer(load_config(path))
