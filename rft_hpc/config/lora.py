@@ -16,8 +16,9 @@ from rft_hpc.core.config_section import ConfigSection
 class LoraSettings(ConfigSection):
     """A LoRA adapter (peft's `LoraConfig`) on the frozen policy model."""
 
-    rank: int = Field(8, ge=1)
-    """Rank `r` of each adapter's low-rank update (peft's `r`)."""
+    rank: int = Field(8, ge=1, le=512)
+    """Rank `r` of each adapter's low-rank update (peft's `r`; vLLM serves ranks up to
+    512)."""
 
     alpha: float = Field(16.0, gt=0.0)
     """Scale of the update: the adapter adds `alpha / rank x B A` to a layer's weight (peft's

@@ -84,8 +84,8 @@ class HFEngine:
             self.enable_lora()
             load_adapter_state(self.model, state_dict)
         elif is_adapted(self.model):
-            raise ValueError(f"weights {version} are a whole model, but this engine trains "
-                             "a LoRA adapter: load whole models before the adapter is added")
+            raise ValueError(f"weights {version} are a whole model, but this engine applies "
+                             "LoRA adapters: load whole models before the adapter is added")
         else:
             self.model.load_state_dict(state_dict, strict=True)
         self.version = version

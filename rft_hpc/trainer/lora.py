@@ -79,7 +79,12 @@ def lora_unsupported(config: ExperimentConfig, sharded: bool) -> str | None:
         return ("model.lora trains a LoRA adapter on trainer.backend torch only; the megatron "
                 "backend has no adapters yet: set trainer.backend: torch (ddp or fsdp) or "
                 "remove model.lora")
-    if sharded and AlgorithmPlan.of(config).kl_penalty is not None:
+    plan = AlgorithmPlan.of(config)
+    if plan.critic_lr is not None:
+        return (f"model.lora with algorithm {plan.type}: its critic (a value head on a second "
+                "copy of the model) has no LoRA support yet; use an algorithm without a critic "
+                "(grpo, rloo, reinforceplusplus, opmd) or remove model.lora")
+    if sharded and plan.kl_penalty is not None:
         return ("model.lora under trainer.parallel fsdp with algorithm.kl_penalty_fn: rank 0 "
                 "would run the sharded reference (the model with its adapter off) alone; use "
                 "kl_loss_fn (a KL term in the loss) or trainer.parallel: ddp")

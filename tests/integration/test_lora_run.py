@@ -14,7 +14,7 @@ import pytest
 import torch
 from helpers.export_checks import final_eval, greedy_answers
 from helpers.paths import DEMO, ROOT
-from helpers.runs import rft, rollouts, short
+from helpers.runs import EVALUATOR, rft, rollouts, scores_match_trainer, short
 from helpers.slurm_runs import heartbeat, wait_until
 
 from rft_hpc.config import load_config
@@ -128,14 +128,18 @@ def test_a_lora_stage_starts_from_the_adapter_the_stage_before_ended_with(tmp_pa
                                                                           tiny_model):
     """The demo's two stages with `model.lora`: SFT trains an adapter, GRPO starts from it in
     the trainer and in the explorer alike (its first step, strictly on-policy, sees the
-    trainer's log-probs equal the rollouts': approx_kl 0, ratio 1)."""
+    trainer's log-probs equal the rollouts': approx_kl 0, ratio 1), and the evaluator role
+    scores the adapters as the trainer did."""
     result = rft("run", DEMO, *short(
         tmp_path, tiny_model, "--set", "explorer.count=1", "--set", "sync.offset=0",
         "--set", "trainer.batch_size=16", "--set", "trainer.steps=2",
-        "--set", "stages.0.trainer.lr=1e-2", "--set", "model.lora={rank: 8, alpha: 16}"),
-        timeout=600)
+        "--set", "stages.0.trainer.lr=1e-2", "--set", "model.lora={rank: 8, alpha: 16}",
+        *EVALUATOR), timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
+    # the evaluator applied the start adapter (version 0) and the last one as the trainer did
+    summary = json.loads((tmp_path / "demo" / "summary.json").read_text())
     sft, grpo = (tmp_path / "demo" / "stages" / name for name in ("0-sft", "1-grpo"))
+    assert scores_match_trainer(summary, grpo, [0, 2])
     start = load_weights(sft / "weights", 8)
     assert read_manifest(sft / "weights", 8)["kind"] == "lora-adapter"
     assert any(float(t.abs().max()) > 1e-3 for k, t in start.items() if ".lora_B." in k)

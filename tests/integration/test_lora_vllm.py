@@ -42,6 +42,38 @@ def max_diff(a: list[list[float]], b: list[list[float]]) -> float:
                for x, y in zip(ra, rb, strict=True))
 
 
+def in_flight_keeps_its_adapter(engine, run: RunDir, lora) -> None:
+    """Requests submitted under adapter v1 finish with it after v2 arrives, those submitted
+    after it use v2: each completion's tokens and log-probs are its own adapter's (HF engine
+    with that adapter through peft)."""
+    from rft_hpc.engines.hf import HFEngine
+    from rft_hpc.engines.requests import GroupRequest
+
+    engine.load_weights(load_weights(run.weights, 1), 1)
+    prompt = SEQUENCES[1][:3]
+    engine.submit([GroupRequest("v1", prompt, n=2, max_new_tokens=12, temperature=1.0, seed=3)])
+    done = engine.poll()
+    assert engine.in_flight == 1 and not done  # still generating when v2 arrives
+    engine.load_weights(load_weights(run.weights, 2), 2)
+    engine.submit([GroupRequest("v2", prompt, n=2, max_new_tokens=12, temperature=1.0, seed=3)])
+    while engine.in_flight:
+        done += engine.poll()
+    assert sorted(g.key for g in done) == ["v1", "v2"]
+    for group in done:
+        version = int(group.key[1:])
+        hf = HFEngine(engine.model_path, lora=lora)
+        hf.load_weights(load_weights(run.weights, version), version)
+        records = [SFTSample(prompt + c.tokens, len(prompt)) for c in group.completions]
+        batch = collate(records, pad_id=hf.pad_id)
+        with torch.no_grad():
+            want = token_logprobs(hf.model.eval(), batch)
+        for i, c in enumerate(group.completions):
+            assert c.versions == [(version, 0)]
+            got = torch.tensor(c.logprobs)
+            torch.testing.assert_close(got, want[i, len(prompt) - 1:][:len(got)], atol=ATOL,
+                                       rtol=0)
+
+
 @pytest.mark.timeout(600)
 def test_vllm_with_the_adapter_of_version_n_gives_the_trainers_logprobs(tmp_path, tiny_model):
     from rft_hpc.engines.vllm import VLLMEngine
@@ -69,6 +101,7 @@ def test_vllm_with_the_adapter_of_version_n_gives_the_trainers_logprobs(tmp_path
         groups = engine.generate([SEQUENCES[0][:3]], n=2, max_new_tokens=4, temperature=1.0,
                                  seed=0)
         assert all(c.versions == [(2, 0)] for c in groups[0])
+        in_flight_keeps_its_adapter(engine, run, config.model.lora)
         with pytest.raises(ValueError, match="whole model"):
             engine.load_weights(load_weights(run.weights, 2) | {"x": torch.zeros(1)}, 3)
     finally:
@@ -87,7 +120,7 @@ def test_a_lora_run_with_vllm_explorers_samples_with_each_adapter(tmp_path, tiny
     from rft_hpc.engines.hf import HFEngine
     from rft_hpc.sync.checkpoint import latest_weights_version
 
-    steps = 4
+    steps = 3
     result = rft("run", DEMO, *short(
         tmp_path, tiny_model, "--set", "stages=[]", "--set", "explorer.engine=vllm",
         "--set", "explorer.vllm.enforce_eager=true", "--set", "explorer.vllm.kv_cache_gb=0.25",

@@ -145,3 +145,28 @@ def test_fsdp_refuses_a_kl_penalty_on_the_adapter_off_reference(tmp_path, tiny_m
     with pytest.raises(UserError, match=r"^stage main: model.lora under trainer.parallel fsdp "
                        r"with algorithm.kl_penalty_fn: rank 0 would run"):
         check_runnable(load_config(path))
+
+
+def test_an_algorithm_with_a_critic_is_refused_with_lora(tmp_path, tiny_model):
+    from rft_hpc.run.stages import check_runnable
+
+    path = write_config(tmp_path / "p.yaml", tiny_model, lora=LORA,
+                        algorithm={"algorithm_type": "ppo"})
+    with pytest.raises(UserError, match=r"^stage main: model.lora with algorithm ppo: its "
+                       r"critic .* has no LoRA support yet"):
+        check_runnable(load_config(path))
+    with pytest.raises(UserError, match="has no LoRA support yet"):
+        Trainer(load_config(path))
+
+
+def test_activation_checkpointing_gives_the_adapter_the_same_step(tmp_path, tiny_model):
+    plain = lora_trainer(tmp_path, tiny_model, "plain")
+    recomputed = lora_trainer(tmp_path, tiny_model, "ckpt",
+                              trainer={"activation_checkpointing": True})
+    for trainer in (plain, recomputed):
+        trainer.step(fixed_batch("grpo"))
+        trainer.step(fixed_batch("grpo"))
+    a, b = plain.full_state_dict(), recomputed.full_state_dict()
+    assert any(float(t.abs().max()) > 1e-3 for k, t in a.items() if ".lora_B." in k)
+    for k in a:
+        torch.testing.assert_close(b[k], a[k], rtol=1e-5, atol=1e-6, msg=k)
