@@ -8,12 +8,13 @@ dry; a process can always be killed. The workers are forked from the role's fork
 (`rft_hpc.core.forkserver`, never from the role with its torch threads), import the
 rewards once, and score one call at a time; a call that overruns its limit gets its worker
 killed and replaced, and its rollout scores 0. Once the calls have shown themselves fast
-(a mean under `FAST_CALL_SECONDS`, far below a message's round trip), the queued calls are
-dealt out in even chunks over the idle workers, a chunk never mixing two batches (one
-message a chunk, one reply a call): a step's rewards then cost a few messages, not one
-round trip each. Slow calls (a sandbox, a remote judge) go one to a worker, so that none
-waits behind another. Each call has its own time limit, counted from the reply before it.
-A call runs in its worker's main thread, so rewards that rely on SIGALRM work there too.
+(none of the last few hundred over `FAST_CALL_SECONDS`, far below a message's round trip),
+the queued calls are dealt out in even chunks over the idle workers, a chunk never mixing
+two batches (one message a chunk, one reply a call): a step's rewards then cost a few
+messages, not one round trip each. Slow calls (a sandbox, a remote judge) go one to a
+worker, so that none waits behind another. Each call has its own time limit, counted from
+the reply before it. A call runs in its worker's main thread, so rewards that rely on
+SIGALRM work there too.
 
 Each outcome says whether the call raised (`error`) or overran (`timed_out`); counting them
 and deciding when too many failed is the caller's business (the explorer,
@@ -43,7 +44,11 @@ MESSAGE_CHARS = 500
 """Error messages are cut to this length (a reward may raise with a whole response in it)."""
 
 FAST_CALL_SECONDS = 0.002
-"""Calls whose mean time in the worker is under this are sent in chunks."""
+"""Calls are sent in chunks while the slowest recent one took less than this."""
+
+_SLOWEST_DECAY = 0.99
+"""Per call, the slowest recent call's time decays by this factor: one slow call keeps
+chunks off for a few hundred calls (a slow call behind another in a chunk waits for it)."""
 
 _PRELOAD = ("rft_hpc.tasks.rewards", "rft_hpc.tasks.math_reward", "rft_hpc.tasks.format_reward")
 
@@ -191,7 +196,7 @@ class RewardPool:
         """Workers replaced so far (killed after a timeout, or died)."""
         self._workers = [_Worker() for _ in range(workers)]  # they start while we go on
         self._todo: deque[tuple[Scoring, int]] = deque()
-        self._call_seconds: float | None = None  # running mean of a call's time
+        self._slowest: float | None = None  # the slowest recent call's seconds (decaying)
 
     def score(self, calls: Sequence[RewardCall]) -> list[RewardOutcome]:
         """Each call's outcome, in the order of `calls` (the same whatever the number of
@@ -263,14 +268,14 @@ class RewardPool:
                          else RewardOutcome(error=str(value)))
             now = time.monotonic()
             took, w.since, w.deadline = now - w.since, now, now + self.timeout
-            self._call_seconds = took if self._call_seconds is None else (
-                0.9 * self._call_seconds + 0.1 * took)
+            self._slowest = took if self._slowest is None else max(
+                took, _SLOWEST_DECAY * self._slowest)
         return True
 
     @property
     def _fast(self) -> bool:
-        """Whether calls so far took far less than a message's round trip."""
-        return self._call_seconds is not None and self._call_seconds < FAST_CALL_SECONDS
+        """Whether recent calls all took far less than a message's round trip."""
+        return self._slowest is not None and self._slowest < FAST_CALL_SECONDS
 
     def _finish(self, w: _Worker, outcome: RewardOutcome) -> None:
         """Give the worker's oldest call `outcome`."""
