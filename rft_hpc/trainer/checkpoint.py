@@ -11,11 +11,15 @@ Layout (in the run directory's `ckpt/`)::
       cursor.json                      the buffer reader's cursor
       <name>.pt                        torch.save(state_dict()) of each further part (the
                                        PPO critic and its optimizer), when there are some
-      state.json                       format, step, config hash, extra, model file checksum
+      state.json                       format, step, config hash, extra, model file checksum,
+                                       the ranks that saved it
 
-A checkpoint folder is written under a `.tmp-` name, fsynced and renamed into place before
-`LATEST` names it; a trainer killed mid-save leaves the previous checkpoint in force. The RNG
-states are those of the saving process (rank 0).
+Every state is whole, whatever the ranks held: the model's full weights (gathered from FSDP or
+Megatron shards) and the optimizer's full state keyed by parameter names (`optim_state`), so
+a checkpoint saved by N ranks is resumed by M; `state.json`'s `ranks` records N (docs/
+run-directory.md). A checkpoint folder is written under a `.tmp-` name, fsynced and renamed
+into place before `LATEST` names it; a trainer killed mid-save leaves the previous checkpoint
+in force. The RNG states are those of the saving process (rank 0).
 """
 
 from __future__ import annotations
@@ -70,18 +74,23 @@ class TrainerState:
     extra: dict[str, Any]
     config_hash: str
     path: Path
+    ranks: dict[str, Any]
+    """How the saving trainer was spread (`world_size`, `backend`, `model_parallel`); empty
+    for a checkpoint written before rft-hpc recorded it."""
 
 
 def save_trainer_state(ckpt_dir: str | Path, step: int, *, model: torch.nn.Module,
                        optimizer: torch.optim.Optimizer, scheduler: Any = None,
                        cursor: dict[str, Any], extra: dict[str, Any], config_hash: str,
-                       keep: int = 2, modules: Mapping[str, Any] | None = None) -> Path:
+                       keep: int = 2, modules: Mapping[str, Any] | None = None,
+                       ranks: Mapping[str, Any] | None = None) -> Path:
     """Save the whole trainer state as `ckpt_dir/trainer/step-<NNNNNN>` and point LATEST at it.
 
     Written into a `.tmp-` folder (every file fsynced), renamed into place (replacing an
     earlier save of the same step), then `ckpt_dir/LATEST` is replaced atomically and all
     checkpoints but the newest `keep` and this one are deleted. One writer per `ckpt_dir`.
     `modules`: further parts with a `state_dict()` (a critic, its optimizer), saved by name.
+    `ranks`: how the trainer is spread (`TrainerState.ranks`), recorded in `state.json`.
     Returns the checkpoint folder.
     """
     if keep < 1:
@@ -104,7 +113,7 @@ def save_trainer_state(ckpt_dir: str | Path, step: int, *, model: torch.nn.Modul
             "format": STATE_FORMAT, "format_version": STATE_FORMAT_VERSION, "step": step,
             "config_hash": config_hash, "extra": extra, "created": time.time(),
             "has_scheduler": scheduler is not None, "checksum_algorithm": CHECKSUM_ALGORITHM,
-            "modules": sorted(modules or {}),
+            "modules": sorted(modules or {}), "ranks": dict(ranks or {}),
             "model": digest.as_json()})
         commit_folder(tmp, final)
     except BaseException:
@@ -163,7 +172,8 @@ def load_trainer_state(ckpt_dir: str | Path, model: torch.nn.Module,
         part.load_state_dict(_torch_load(folder / f"{name}.pt"))
     _set_rng_state(read_json(folder / "rng.json"))
     return TrainerState(step=state["step"], cursor=read_json(folder / "cursor.json"),
-                        extra=state["extra"], config_hash=state["config_hash"], path=folder)
+                        extra=state["extra"], config_hash=state["config_hash"], path=folder,
+                        ranks=state.get("ranks", {}))
 
 
 def _torch_save(obj: Any, path: Path) -> None:

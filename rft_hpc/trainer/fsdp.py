@@ -37,6 +37,7 @@ from rft_hpc.config import ExperimentConfig
 from rft_hpc.engines.hf import HFEngine
 from rft_hpc.models.lora import adapter_state
 from rft_hpc.trainer.distributed import DistContext
+from rft_hpc.trainer.optim_state import to_named
 from rft_hpc.trainer.torch_backend import TorchBackend, replica_with
 
 _FULL = StateDictOptions(full_state_dict=True, cpu_offload=True)
@@ -86,8 +87,11 @@ def full_model_state(model: torch.nn.Module, trainable_only: bool = False,
 
 def full_optimizer_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
                          ) -> dict[str, Any]:
-    """The optimizer's full state dict (keyed by parameter names) on CPU: a collective;
-    complete on rank 0, empty on the others."""
+    """The optimizer's full state dict (keyed by parameter names, `optim_state`) on CPU: a
+    collective; complete on rank 0, empty on the others. An optimizer that has not stepped
+    yet has no state to gather (its param groups alone, on every rank)."""
+    if not optimizer.state:  # get_optimizer_state_dict would take a zero step to make one
+        return to_named(model, optimizer, optimizer.state_dict())
     return get_optimizer_state_dict(model, optimizer, options=_FULL)
 
 
@@ -110,11 +114,14 @@ class FullState:
         return self.gathered
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Load a full state: the model's, or the optimizer's when this views one."""
+        """Load a full state: the model's, or the optimizer's when this views one (named
+        or positional, saved by any backend on any number of ranks: `optim_state`)."""
         options = StateDictOptions(full_state_dict=True, strict=self.strict)
         if self.optimizer is None:
             set_model_state_dict(self.model, state, options=options)
-        else:
+            return
+        state = to_named(self.model, self.optimizer, state)
+        if state["state"]:  # else saved before the first step: nothing to restore
             set_optimizer_state_dict(self.model, self.optimizer, state, options=options)
 
 

@@ -127,8 +127,16 @@ def _follow(trainer: Trainer, step: int) -> int:
             trainer.checkpoint_parts()
 
 
+def _ranks(trainer: Trainer) -> dict[str, Any]:
+    """How this trainer is spread over its ranks, as checkpoints record it."""
+    return {"world_size": trainer.dist.world_size, "backend": trainer.backend.name,
+            "model_parallel": trainer.backend.model_parallel}
+
+
 def _restore(trainer: Trainer, run: RunDir, chash: str) -> TrainerState | None:
-    """Load the latest checkpoint on every rank; the ranks must agree on its step."""
+    """Load the latest checkpoint on every rank; the ranks must agree on its step. A
+    checkpoint saved by another number of ranks is resharded as it loads (its states are
+    whole); rank 0 logs the change."""
     model, optimizer = trainer.restore_parts()
     saved = load_trainer_state(run.ckpt, model, optimizer, trainer.scheduler,
                                config_hash=chash, modules=trainer.checkpoint_modules())
@@ -136,6 +144,13 @@ def _restore(trainer: Trainer, run: RunDir, chash: str) -> TrainerState | None:
     lead = broadcast_object(step, trainer.dist)
     if lead != step:
         raise RuntimeError(f"rank {trainer.dist.rank} restored step {step}, rank 0 step {lead}")
+    now = _ranks(trainer)
+    if saved and trainer.dist.is_main and saved.ranks and saved.ranks != now:
+        was = saved.ranks
+        log.info("resuming step %d saved by %d rank(s) (%s, model-parallel %d) on %d rank(s) "
+                 "(%s, model-parallel %d): the whole saved states were resharded", step,
+                 was.get("world_size", 0), was.get("backend", "?"), was.get("model_parallel", 1),
+                 now["world_size"], now["backend"], now["model_parallel"])
     return saved
 
 
@@ -231,7 +246,8 @@ def _lead(trainer: Trainer, run: RunDir, stop: StopFlag, saved: TrainerState | N
         save_trainer_state(run.ckpt, step, model=model, optimizer=optimizer,
                            scheduler=trainer.scheduler, cursor=cursor,
                            extra={"last_eval": last_eval}, config_hash=chash,
-                           keep=tcfg.keep_checkpoints, modules=trainer.checkpoint_modules())
+                           keep=tcfg.keep_checkpoints, modules=trainer.checkpoint_modules(),
+                           ranks=_ranks(trainer))
         ledger.append("save", step=step)
         clock.observe_save(time.monotonic() - t0)
 

@@ -26,6 +26,7 @@ from rft_hpc.models.lora import adapter_state
 from rft_hpc.sync.checkpoint import load_start_weights
 from rft_hpc.trainer.distributed import DistContext, all_reduce_gradients, broadcast_parameters
 from rft_hpc.trainer.lora import AdapterCheckpoint, AdapterOff, lora_unsupported
+from rft_hpc.trainer.optim_state import NamedOptimizer
 
 
 class TorchBackend:
@@ -108,11 +109,14 @@ class TorchBackend:
         return adapter_state(self.model) if self.lora else self.model.state_dict()
 
     def checkpoint_parts(self, optimizer: torch.optim.Optimizer) -> tuple[Any, Any]:
-        """The model (with `model.lora` its adapter) and the optimizer."""
-        return (AdapterCheckpoint(self.model) if self.lora else self.model), optimizer
+        """The model (with `model.lora` its adapter) and the optimizer, its state keyed by
+        parameter names (`NamedOptimizer`: FSDP's layout, so any rank count resumes it)."""
+        return ((AdapterCheckpoint(self.model) if self.lora else self.model),
+                NamedOptimizer(self.model, optimizer))
 
     def restore_parts(self, optimizer: torch.optim.Optimizer) -> tuple[Any, Any]:
-        """The model (with `model.lora` its adapter) and the optimizer."""
+        """The model (with `model.lora` its adapter) and the optimizer, which loads a state
+        saved by either torch backend on any number of ranks."""
         return self.checkpoint_parts(optimizer)
 
     def eval_engine(self, weights: Mapping[str, torch.Tensor] | None) -> HFEngine:
