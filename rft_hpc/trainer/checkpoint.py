@@ -127,7 +127,8 @@ def save_trainer_state(ckpt_dir: str | Path, step: int, *, model: torch.nn.Modul
 def load_trainer_state(ckpt_dir: str | Path, model: torch.nn.Module,
                        optimizer: torch.optim.Optimizer, scheduler: Any = None,
                        config_hash: str | None = None,
-                       modules: Mapping[str, Any] | None = None) -> TrainerState | None:
+                       modules: Mapping[str, Any] | None = None,
+                       model_parallel: int | None = None) -> TrainerState | None:
     """Restore the checkpoint `ckpt_dir/LATEST` names, or return None when there is none.
 
     Loads the model, optimizer and scheduler in place and restores the RNG states, so that
@@ -135,6 +136,9 @@ def load_trainer_state(ckpt_dir: str | Path, model: torch.nn.Module,
     of another config is refused (`CheckpointError` naming both hashes) before anything is
     touched; so is a corrupt model file, or a scheduler or one of `modules` (parts with a
     `load_state_dict`, as given to `save_trainer_state`) to restore that was never saved.
+    Any number of ranks loads a checkpoint saved by any other (its states are whole), but
+    with `model_parallel` one saved by tensor-parallel groups of another size is refused
+    first (`CheckpointError` naming both).
     """
     pointer = Path(ckpt_dir) / "LATEST"
     try:
@@ -150,6 +154,12 @@ def load_trainer_state(ckpt_dir: str | Path, model: torch.nn.Module,
         raise CheckpointError(f"checkpoint {folder} is missing or incomplete: {e}") from e
     if state.get("format") != STATE_FORMAT or state.get("format_version", 0) > STATE_FORMAT_VERSION:
         raise CheckpointError(f"{folder}: not a trainer checkpoint this rft-hpc can read")
+    saved_tp = state.get("ranks", {}).get("model_parallel", model_parallel)
+    if model_parallel is not None and saved_tp != model_parallel:
+        raise CheckpointError(
+            f"checkpoint {folder} was saved by tensor-parallel groups of {saved_tp} ranks, "
+            f"this trainer's are {model_parallel}: trainer.megatron.tensor_parallel cannot "
+            f"change on a resume (set it back to {saved_tp}; the number of ranks may change)")
     if config_hash is not None and state["config_hash"] != config_hash:
         raise CheckpointError(
             f"checkpoint {folder} was written with config hash {state['config_hash']}, but the "

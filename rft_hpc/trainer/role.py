@@ -139,7 +139,8 @@ def _restore(trainer: Trainer, run: RunDir, chash: str) -> TrainerState | None:
     whole); rank 0 logs the change."""
     model, optimizer = trainer.restore_parts()
     saved = load_trainer_state(run.ckpt, model, optimizer, trainer.scheduler,
-                               config_hash=chash, modules=trainer.checkpoint_modules())
+                               config_hash=chash, modules=trainer.checkpoint_modules(),
+                               model_parallel=trainer.backend.model_parallel)
     step = saved.step if saved else 0
     lead = broadcast_object(step, trainer.dist)
     if lead != step:

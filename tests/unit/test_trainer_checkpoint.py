@@ -134,3 +134,47 @@ def test_config_hash_ignores_defaults_and_how_work_is_split():
     assert config_hash(ExperimentConfig.model_validate(spelled)) == plain
     changed = {**base, "trainer": {"lr": 1e-5}}
     assert config_hash(ExperimentConfig.model_validate(changed)) != plain
+
+
+def stepped(seed: int) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+    """A small model whose first layer's weight is frozen, after one AdamW step."""
+    torch.manual_seed(seed)
+    model = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.Linear(4, 2))
+    model[0].weight.requires_grad_(False)
+    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-2)
+    model(torch.randn(5, 3)).square().sum().backward()
+    optimizer.step()
+    return model, optimizer
+
+
+def test_optimizer_state_is_saved_by_name_and_old_positional_states_still_load(tmp_path):
+    from rft_hpc.trainer.optim_state import NamedOptimizer, is_named
+
+    model, optimizer = stepped(0)
+    named = NamedOptimizer(model, optimizer).state_dict()
+    assert is_named(named) and sorted(named["state"]) == ["0.bias", "1.bias", "1.weight"]
+    for state in (named, optimizer.state_dict()):  # this layout, and the one before it
+        again, opt2 = stepped(1)
+        NamedOptimizer(again, opt2).load_state_dict(state)
+        loaded = opt2.state_dict()
+        for i, saved in optimizer.state_dict()["state"].items():
+            assert all(torch.equal(loaded["state"][i][key], value) for key, value in
+                       saved.items()), i
+    other = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.Linear(4, 2))
+    with pytest.raises(ValueError, match=r"lacks \['0.weight'\]"):
+        NamedOptimizer(other, torch.optim.AdamW(other.parameters())).load_state_dict(named)
+
+
+def test_a_tensor_parallel_change_is_refused_before_anything_changes(tmp_path):
+    model, optimizer = stepped(0)
+    save_trainer_state(tmp_path, 1, model=model, optimizer=optimizer, cursor={}, extra={},
+                       config_hash="h", ranks={"world_size": 4, "backend": "megatron",
+                                               "model_parallel": 2})
+    again, opt2 = stepped(1)
+    with pytest.raises(CheckpointError, match="tensor-parallel groups of 2 ranks, this "
+                                              "trainer's are 1"):
+        load_trainer_state(tmp_path, again, opt2, config_hash="h", model_parallel=1)
+    assert not torch.equal(again[1].weight, model[1].weight)
+    state = load_trainer_state(tmp_path, again, opt2, config_hash="h", model_parallel=2)
+    assert state is not None and state.ranks["world_size"] == 4  # any rank count resumes
+    assert torch.equal(again[1].weight, model[1].weight)
