@@ -29,6 +29,7 @@ DELTA_FILE = "delta.safetensors"
 """A delta version's file: one uint8 tensor per weight, its compressed XOR."""
 _LEVEL = 1
 _INTS = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+_NP_INTS = {1: np.uint8, 2: np.int16, 4: np.int32, 8: np.int64}
 
 
 class DeltaMismatch(ValueError):
@@ -62,10 +63,11 @@ def encode(new: torch.Tensor, base: torch.Tensor) -> torch.Tensor:
     """The compressed difference of `new` from `base` (same dtype and shape) as a flat uint8
     CPU tensor; `decode_into(base, ...)` turns `base` into `new` bit for bit."""
     size = new.element_size()
-    diff = torch.bitwise_xor(_bits(new), _bits(base)).view(torch.uint8)
+    # numpy's XOR: torch's takes its thread pool's start-up cost for every tensor
+    diff = np.bitwise_xor(_bits(new).numpy(), _bits(base).numpy()).view(np.uint8)
     if size > 1:
-        diff = diff.view(-1, size).t().contiguous()  # byte planes
-    packed = pa.Codec("zstd", _LEVEL).compress(diff.numpy(), asbytes=False)
+        diff = np.ascontiguousarray(diff.reshape(-1, size).T)  # byte planes
+    packed = pa.Codec("zstd", _LEVEL).compress(diff, asbytes=False)
     return torch.from_numpy(np.frombuffer(packed, dtype=np.uint8).copy())
 
 
@@ -82,9 +84,9 @@ def decode_into(held: torch.Tensor, blob: torch.Tensor) -> None:
         raise DeltaMismatch(f"delta holds {planes.size} bytes, the tensor {nbytes}")
     if size > 1:
         planes = planes.reshape(size, -1).T
-    diff = torch.from_numpy(np.ascontiguousarray(planes)).reshape(-1).view(_INTS[size])
-    target = held.reshape(-1).view(torch.uint8).view(_INTS[size])
-    target.bitwise_xor_(diff)
+    target = held.reshape(-1).view(torch.uint8).numpy().view(_NP_INTS[size])
+    np.bitwise_xor(target, np.ascontiguousarray(planes).reshape(-1).view(_NP_INTS[size]),
+                   out=target)
 
 
 def encode_state(state: Mapping[str, torch.Tensor], base: Mapping[str, torch.Tensor],
