@@ -41,6 +41,14 @@ class SyncConfig(ConfigSection):
     publish waits for it). Costs one extra host copy of the weights; off, the trainer
     writes the files itself before it trains on."""
 
+    full_every: int = Field(1, ge=1)
+    """Every how many versions written as files one is whole: the others are written as
+    deltas against the version before (XOR of the raw bits, compressed: lossless; about half
+    the bytes of a float32 model and a tenth of a bfloat16 one after an AdamW step at lr
+    1e-5, see docs/weights-format.md), and an explorer that holds that version applies just
+    the delta. 1 (the default): every version whole. The trainer keeps one more host copy of
+    the weights (the next delta's base); versions an evaluator scores are always whole."""
+
     idle_publish: float = Field(5.0, ge=0.0)
     """With nccl/mpi: seconds the trainer waits for data before it also writes its current
     weights as files, so that an explorer that (re)started after the last broadcast can go

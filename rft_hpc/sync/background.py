@@ -5,7 +5,8 @@ memory (the next optimizer step changes the live tensors) and returns; a thread 
 with `publish_weights`, which makes it visible to the explorers only when it is complete
 (docs/weights-format.md). One write is in flight at a time, so versions land in order and at
 most one extra host copy of the weights exists; a write that failed raises in the trainer at
-its next `submit`, `wait` or `close`, never silently.
+its next `submit`, `wait` or `close`, never silently. With a `DeltaChain` that is active,
+versions may go as deltas against the one before (its host copy is kept until then).
 """
 
 from __future__ import annotations
@@ -19,13 +20,16 @@ from typing import Any
 import torch
 
 from rft_hpc.sync.checkpoint import publish_weights
+from rft_hpc.sync.delta import DeltaChain
 
 
 class BackgroundWeightWriter:
     """Publishes weight versions to `weights_dir` on one background thread, in order."""
 
-    def __init__(self, weights_dir: Path, keep_also: Collection[int] = ()) -> None:
+    def __init__(self, weights_dir: Path, keep_also: Collection[int] = (),
+                 chain: DeltaChain | None = None) -> None:
         self.weights_dir, self.keep_also = weights_dir, keep_also
+        self.chain = chain or DeltaChain(1)
         self.write_seconds = 0.0
         """How long the last finished write took (its thread's wall time)."""
         self._thread: threading.Thread | None = None
@@ -38,17 +42,21 @@ class BackgroundWeightWriter:
         write to finish."""
         waited = self.wait()
         snapshot = {name: t.detach().to("cpu", copy=True) for name, t in state_dict.items()}
-        self._thread = threading.Thread(target=self._write, args=(snapshot, version, adapter),
+        base = None if adapter is not None else self.chain.next(
+            snapshot, version, whole=version in self.keep_also)
+        self._thread = threading.Thread(target=self._write,
+                                        args=(snapshot, version, adapter, base),
                                         name=f"weights-writer-v{version}", daemon=True)
         self._thread.start()
         return waited
 
     def _write(self, snapshot: dict[str, torch.Tensor], version: int,
-               adapter: dict[str, Any] | None) -> None:
+               adapter: dict[str, Any] | None,
+               base: tuple[int, dict[str, torch.Tensor]] | None) -> None:
         t0 = time.monotonic()
         try:
             publish_weights(self.weights_dir, snapshot, version, keep_also=self.keep_also,
-                            adapter=adapter)
+                            adapter=adapter, delta_of=base)
         except BaseException as exc:  # handed to the trainer's thread by `wait`
             self._error = exc
         self.write_seconds = time.monotonic() - t0

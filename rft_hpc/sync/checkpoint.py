@@ -10,6 +10,11 @@ A LoRA run (`model.lora`) publishes the adapter alone: `adapter_model.safetensor
 `adapter_config.json` instead of `model.safetensors` (the folder is a peft adapter folder),
 and a manifest of version 2 that says so (`kind`, `adapter`).
 
+With `sync.full_every` > 1 a whole model's version may be written as a delta against the
+version published before it (manifest version 3, `kind: delta`, `delta.safetensors`: the
+codec is rft_hpc/sync/delta.py); loading such a version applies it to the tensors of its base
+that the reader holds, or rebuilds it from the whole version its chain starts from.
+
 A version folder is written under a `.tmp-` name, fsynced and renamed into place before
 `LATEST` names it, so `LATEST` never points at an incomplete version. Old versions are pruned
 after `LATEST` moves on; a reader caught loading one gets `WeightsGone` and retries with the
@@ -18,6 +23,7 @@ version `LATEST` names now (`load_latest_weights` does that).
 
 from __future__ import annotations
 
+import logging
 import re
 import shutil
 import time
@@ -31,6 +37,7 @@ from rft_hpc.config import ExperimentConfig
 from rft_hpc.core.errors import UserError
 from rft_hpc.core.rundir import atomic_write_json, atomic_write_text, read_json, weights_folder_name
 from rft_hpc.models.lora import ADAPTER_CONFIG_FILE, ADAPTER_FILE, is_adapter_state
+from rft_hpc.sync.delta import CODEC, DELTA_FILE, DeltaMismatch, apply_state, describe, encode_state
 from rft_hpc.sync.storage import (
     CHECKSUM_ALGORITHM,
     FileDigest,
@@ -39,19 +46,25 @@ from rft_hpc.sync.storage import (
     dtype_name,
     load_safetensors,
     make_temp_folder,
+    numbered_folders,
     prune_numbered,
     remove_temporaries,
     save_safetensors,
 )
 
+log = logging.getLogger(__name__)
+
 WEIGHTS_FORMAT = "rft-hpc-weights"
-MANIFEST_VERSION = 2
+MANIFEST_VERSION = 3
 """The newest manifest version this rft-hpc reads. Full weights are still written as
 version 1 (their format did not change); an adapter is written as version 2, which an
-rft-hpc that reads only version 1 refuses instead of loading it as a whole model."""
+rft-hpc that reads only version 1 refuses instead of loading it as a whole model; a delta
+as version 3, which older readers refuse likewise."""
 FULL_MANIFEST_VERSION = 1
+DELTA_MANIFEST_VERSION = 3
 KIND_FULL = "full"
 KIND_ADAPTER = "lora-adapter"
+KIND_DELTA = "delta"
 MODEL_FILE = "model.safetensors"
 MANIFEST_FILE = "manifest.json"
 LATEST_FILE = "LATEST"
@@ -77,6 +90,7 @@ def version_dir(weights_dir: str | Path, version: int) -> Path:
 def publish_weights(weights_dir: str | Path, state_dict: Mapping[str, torch.Tensor],
                     version: int, *, keep: int = 3, extra: dict[str, Any] | None = None,
                     keep_also: Collection[int] = (), adapter: dict[str, Any] | None = None,
+                    delta_of: tuple[int, Mapping[str, torch.Tensor]] | None = None,
                     ) -> Path:
     """Publish `state_dict` as weights version `version` and point `LATEST` at it.
 
@@ -84,12 +98,18 @@ def publish_weights(weights_dir: str | Path, state_dict: Mapping[str, torch.Tens
     tensors: the folder holds `adapter_model.safetensors` and `adapter_config.json` (a peft
     adapter folder) and the manifest (version 2) says `kind: lora-adapter`.
 
+    With `delta_of` = `(base, tensors)`, the tensors of version `base` that this publisher
+    published before, a whole model is written as a delta against them (manifest version 3,
+    `delta.safetensors`) when `base` is still published and has the same tensor names,
+    dtypes and shapes; otherwise whole.
+
     Steps: delete `.tmp-` leftovers of a killed publisher; write `model.safetensors` (tensors
     moved to CPU one at a time, dtypes and shapes kept) and `manifest.json` into a `.tmp-`
     folder, fsync, rename it to `v<NNNNNN>` (replacing an earlier publish of the same
     version), fsync the parent; replace `LATEST` atomically; delete all versions but the
-    newest `keep`, this one and those in `keep_also` (versions an evaluator will score).
-    One publisher per `weights_dir`. Returns the version folder.
+    newest `keep`, this one and those in `keep_also` (versions an evaluator will score), and
+    the versions that the deltas among those need to be rebuilt. One publisher per
+    `weights_dir`. Returns the version folder.
     """
     if version < 0:
         raise ValueError(f"version must be >= 0, got {version}")
@@ -98,21 +118,72 @@ def publish_weights(weights_dir: str | Path, state_dict: Mapping[str, torch.Tens
     weights_dir = Path(weights_dir)
     remove_temporaries(weights_dir)
     final = version_dir(weights_dir, version)
+    delta = None if adapter is not None or delta_of is None else _delta(
+        weights_dir, state_dict, version, *delta_of)
     tmp = make_temp_folder(weights_dir, final.name)
     try:
-        file = MODEL_FILE if adapter is None else ADAPTER_FILE
-        digest = save_safetensors(tmp / file, state_dict)
-        if adapter is not None:
-            atomic_write_json(tmp / ADAPTER_CONFIG_FILE, adapter)
-        atomic_write_json(tmp / MANIFEST_FILE, _manifest(state_dict, version, file, digest,
-                                                         extra, adapter))
+        if delta is not None:
+            blobs, manifest = delta
+            digest = save_safetensors(tmp / DELTA_FILE, blobs)
+            manifest.update(version=version, created=time.time(),
+                            files=[{"name": DELTA_FILE, **digest.as_json()}], extra=extra or {})
+        else:
+            file = MODEL_FILE if adapter is None else ADAPTER_FILE
+            digest = save_safetensors(tmp / file, state_dict)
+            if adapter is not None:
+                atomic_write_json(tmp / ADAPTER_CONFIG_FILE, adapter)
+            manifest = _manifest(state_dict, version, file, digest, extra, adapter)
+        atomic_write_json(tmp / MANIFEST_FILE, manifest)
         commit_folder(tmp, final)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     atomic_write_text(weights_dir / LATEST_FILE, f"{version}\n")
-    prune_numbered(weights_dir, _VERSION_FOLDER, keep, protect={version, *keep_also})
+    _prune(weights_dir, keep, {version, *keep_also})
     return final
+
+
+def _delta(weights_dir: Path, state_dict: Mapping[str, torch.Tensor], version: int,
+           base: int, base_state: Mapping[str, torch.Tensor],
+           ) -> tuple[dict[str, torch.Tensor], dict[str, Any]] | None:
+    """The blobs and (partial) manifest of `state_dict` as a delta against `base`, or None
+    when it must be published whole (the base is gone, is an adapter, or does not fit)."""
+    try:
+        base_manifest = read_manifest(weights_dir, base)
+    except WeightsError:
+        return None
+    if base >= version or base_manifest["kind"] not in (KIND_FULL, KIND_DELTA):
+        return None
+    try:
+        blobs = encode_state(state_dict, base_state)
+    except DeltaMismatch as e:
+        log.info("weights published whole, not as a delta of v%d: %s", base, e)
+        return None
+    return blobs, {
+        "format": WEIGHTS_FORMAT, "manifest_version": DELTA_MANIFEST_VERSION,
+        "kind": KIND_DELTA, "base": base,
+        "full": base_manifest.get("full", base), "codec": CODEC,
+        "checksum_algorithm": CHECKSUM_ALGORITHM, "tensors": describe(state_dict)}
+
+
+def _prune(weights_dir: Path, keep: int, protect: set[int]) -> None:
+    """Delete all versions but the newest `keep`, those in `protect` and every version
+    from which a delta among them is rebuilt (its chain back to its whole version)."""
+    folders = numbered_folders(weights_dir, _VERSION_FOLDER)
+    needed = set(protect)
+    for v in set(sorted(folders)[-keep:]) | (protect & set(folders)):
+        needed.update(chain_versions(weights_dir, v))
+    prune_numbered(weights_dir, _VERSION_FOLDER, keep, protect=needed)
+
+
+def chain_versions(weights_dir: str | Path, version: int) -> range:
+    """The versions a reader may need to rebuild `version`: from the whole version its
+    chain starts at to itself (just itself for a whole version, or an unreadable one)."""
+    try:
+        manifest = read_manifest(weights_dir, version)
+    except WeightsError:
+        return range(version, version + 1)
+    return range(int(manifest.get("full", version)), version + 1)
 
 
 def _manifest(state_dict: Mapping[str, torch.Tensor], version: int, file: str,
@@ -165,8 +236,9 @@ def latest_weights_version(weights_dir: str | Path) -> int | None:
         raise WeightsError(f"{path} does not hold a version number: {text[:40]!r}") from None
 
 
-def load_weights(weights_dir: str | Path, version: int,
-                 buffer: ReadBuffer | None = None) -> dict[str, torch.Tensor]:
+def load_weights(weights_dir: str | Path, version: int, buffer: ReadBuffer | None = None, *,
+                 held: tuple[int, dict[str, torch.Tensor]] | None = None,
+                 ) -> dict[str, torch.Tensor]:
     """Load weights version `version` as CPU tensors, verified against its manifest.
 
     Every file's size and checksum, and every tensor's name, dtype and shape, must match the
@@ -174,9 +246,71 @@ def load_weights(weights_dir: str | Path, version: int,
     newer one exists: load that), `WeightsError` for anything else (never published,
     corrupted, unknown format). The tensors are views of one buffer per file: of `buffer`
     (valid until its next use; for a single-file model) when given.
+
+    A delta version (manifest version 3) is applied to `held` = `(base, tensors)`, the
+    tensors of its base version that the caller loaded before (changed in place and
+    returned; only the delta's file is read); when the caller holds another version, or any
+    tensor's checksum after the delta differs from the publisher's, it is rebuilt from the
+    whole version its chain starts at and the deltas after it (each checked the same way).
     """
-    folder = version_dir(weights_dir, version)
     manifest = _read_manifest(weights_dir, version)
+    if manifest.get("kind") != KIND_DELTA:
+        return _load_whole(weights_dir, version, manifest, buffer)
+    if held is not None and held[0] == manifest["base"]:
+        try:
+            _apply_delta(weights_dir, version, manifest, held[1])
+            return held[1]
+        except DeltaMismatch as e:
+            log.warning("weights v%d: delta does not fit the held v%d (%s): loading its chain "
+                        "from v%d", version, held[0], e, manifest["full"])
+    chain = [manifest]
+    while chain[-1].get("kind") == KIND_DELTA:
+        base = int(chain[-1]["base"])
+        if base >= chain[-1]["version"]:
+            raise WeightsError(f"weights v{chain[-1]['version']}: a delta of v{base}, not of an "
+                               "earlier version")
+        chain.append(_read_manifest(weights_dir, base))
+    start = chain.pop()
+    tensors = _load_whole(weights_dir, start["version"], start, buffer)
+    for link in reversed(chain):
+        try:
+            _apply_delta(weights_dir, link["version"], link, tensors)
+        except DeltaMismatch as e:
+            folder = version_dir(weights_dir, link["version"])
+            raise _failure(folder, link, f"{folder} does not rebuild v{link['version']} from "
+                           f"v{start['version']}: {e}") from e
+    return tensors
+
+
+def _load_whole(weights_dir: str | Path, version: int, manifest: dict[str, Any],
+                buffer: ReadBuffer | None) -> dict[str, torch.Tensor]:
+    """The tensors of a whole (or adapter) version whose manifest is `manifest`."""
+    folder = version_dir(weights_dir, version)
+    tensors = _read_files(folder, manifest, buffer)
+    found = {n: {"dtype": dtype_name(t.dtype), "shape": list(t.shape)} for n, t in tensors.items()}
+    listed = manifest["tensors"]
+    if found != listed:
+        odd = sorted(set(found) ^ set(listed))
+        changed = sorted(n for n in set(found) & set(listed) if found[n] != listed[n])
+        raise WeightsError(f"{folder}: tensors differ from the manifest (present in only one: "
+                           f"{odd[:5]}; other dtype or shape: {changed[:5]})")
+    return tensors
+
+
+def _apply_delta(weights_dir: str | Path, version: int, manifest: dict[str, Any],
+                 held: dict[str, torch.Tensor]) -> None:
+    """Turn `held` (the base's tensors) into delta version `version` in place; raises
+    `DeltaMismatch` when a result's checksum or a tensor's kind differs from the manifest."""
+    if manifest.get("codec") != CODEC:
+        raise WeightsError(f"{version_dir(weights_dir, version)}: unknown delta codec "
+                           f"{manifest.get('codec')!r}")
+    blobs = _read_files(version_dir(weights_dir, version), manifest, None)
+    apply_state(held, blobs, manifest["tensors"])
+
+
+def _read_files(folder: Path, manifest: dict[str, Any],
+                buffer: ReadBuffer | None) -> dict[str, torch.Tensor]:
+    """The tensors of every file the manifest lists, each file's size and CRC checked."""
     tensors: dict[str, torch.Tensor] = {}
     for entry in manifest["files"]:
         path = folder / entry["name"]
@@ -191,13 +325,6 @@ def load_weights(weights_dir: str | Path, version: int,
                            f"crc32 {digest.checksum}, manifest says {expected.bytes} bytes "
                            f"with crc32 {expected.checksum}")
         tensors.update(part)
-    found = {n: {"dtype": dtype_name(t.dtype), "shape": list(t.shape)} for n, t in tensors.items()}
-    listed = manifest["tensors"]
-    if found != listed:
-        odd = sorted(set(found) ^ set(listed))
-        changed = sorted(n for n in set(found) & set(listed) if found[n] != listed[n])
-        raise WeightsError(f"{folder}: tensors differ from the manifest (present in only one: "
-                           f"{odd[:5]}; other dtype or shape: {changed[:5]})")
     return tensors
 
 

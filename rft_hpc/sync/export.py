@@ -35,7 +35,13 @@ from rft_hpc.models.lora import (
     load_adapter_state,
     merged_model,
 )
-from rft_hpc.sync.checkpoint import KIND_ADAPTER, load_weights, read_manifest
+from rft_hpc.sync.checkpoint import (
+    KIND_ADAPTER,
+    KIND_DELTA,
+    KIND_FULL,
+    load_weights,
+    read_manifest,
+)
 from rft_hpc.sync.storage import (
     commit_folder,
     dtype_name,
@@ -110,7 +116,7 @@ def export_model(run_path: Path, out: Path, *, version: int | None = None,
         raise UserError(f"{out} exists and is not an empty folder: choose another --out")
     state = load_weights(chosen.weights, version)
     manifest = read_manifest(chosen.weights, version)
-    kind = manifest["kind"]
+    kind = KIND_FULL if manifest["kind"] == KIND_DELTA else manifest["kind"]  # rebuilt whole
     if kind == KIND_ADAPTER:
         if not merged:
             return _export_adapter(run, chosen, version, state, manifest["adapter"],

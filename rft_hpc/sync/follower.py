@@ -47,6 +47,9 @@ class WeightFollower:
         self.run, self.engine, self.stop, self.clock = run, engine, stop, clock
         self.receiver = receiver
         self.read_buffer = ReadBuffer()  # the engine copies weights in: reuse it every load
+        self.held: tuple[int, dict] | None = None
+        """The version last loaded from files and its tensors (in `read_buffer`): the base
+        that a delta version is applied to."""
         self.waited = 0.0
         self.fallbacks = 0
         self.published = FolderWatch(run.weights)  # woken when LATEST is replaced
@@ -70,12 +73,14 @@ class WeightFollower:
             if latest is None or latest == self.engine.version or (
                     self.receiver is not None and latest < self.engine.version):
                 return self.engine.version
+            held, self.held = self.held, None  # a failed load may leave it half changed
             try:
-                self.engine.load_weights(
-                    load_weights(self.run.weights, latest, self.read_buffer), latest)
-                return latest
+                state = load_weights(self.run.weights, latest, self.read_buffer, held=held)
             except WeightsGone:
                 continue  # pruned while we read it: a newer one exists
+            self.held = (latest, state)
+            self.engine.load_weights(state, latest)
+            return latest
 
     def wait_for(self, version: int, poll: float = 0.02) -> bool:
         """Block until the engine holds weights >= `version`; False if stopped or the

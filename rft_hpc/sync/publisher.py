@@ -9,7 +9,9 @@ when such a sync fails or outlasts `sync.timeout`, that version is written as fi
 and counted (`sync_fallbacks`), so no role ever hangs on a dead peer. Files are also written
 at the end, once an explorer has finished (it no longer listens), and whenever the trainer
 has waited `sync.idle_publish` seconds for data: an explorer that (re)started after the last
-broadcast then finds the current weights on the filesystem.
+broadcast then finds the current weights on the filesystem. With `sync.full_every` > 1 the
+files of a whole model's version are a delta against the files version before, but for every
+`full_every`-th and those an evaluator scores (docs/weights-format.md).
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from rft_hpc.models.lora import adapter_config
 from rft_hpc.runtime.common import role_status
 from rft_hpc.sync.background import BackgroundWeightWriter
 from rft_hpc.sync.checkpoint import latest_weights_version, publish_weights
+from rft_hpc.sync.delta import DeltaChain
 from rft_hpc.sync.fabric import SyncFailed
 
 log = logging.getLogger(__name__)
@@ -55,7 +58,8 @@ class WeightPublisher:
         self.files_version = latest_weights_version(run.weights)
         """The newest version written as files, or being written in the background."""
         self._sender: Any = None
-        self._writer = (BackgroundWeightWriter(run.weights, keep_also)
+        self._chain = DeltaChain(config.sync.full_every if config.model.lora is None else 1)
+        self._writer = (BackgroundWeightWriter(run.weights, keep_also, self._chain)
                         if self.method == "checkpoint" and config.sync.background else None)
 
     def publish(self, state_dict: Mapping[str, torch.Tensor], version: int) -> dict[str, float]:
@@ -79,8 +83,12 @@ class WeightPublisher:
         are there."""
         self.flush()
         if self.files_version != version:
+            base = None
+            if self._chain.active:
+                snapshot = {n: t.detach().to("cpu", copy=True) for n, t in state_dict.items()}
+                base = self._chain.next(snapshot, version, whole=version in self.keep_also)
             publish_weights(self.run.weights, state_dict, version, keep_also=self.keep_also,
-                            adapter=self._adapter(state_dict))
+                            adapter=self._adapter(state_dict), delta_of=base)
             self.files_version = version
 
     def _adapter(self, state_dict: Mapping[str, torch.Tensor]) -> dict[str, Any] | None:

@@ -2,6 +2,7 @@
 """Benchmark rft-hpc's weight sync against the raw transports, in one run.
 
     python tools/bench/sync.py [--dir DIR] [--sizes 1 4] [--receivers 2] [--repeat 3]
+                               [--delta [--only-delta] [--delta-steps 5]]
 
 For each state-dict size (GB; `--sizes 0.25` for a quick run) it measures, with one sender
 and `--receivers` receivers (separate processes on this host):
@@ -22,6 +23,11 @@ each ratio is the median of the rounds' own ratios, so that this host's drift fr
 minute to the next (2-10x in the disk's and the network stack's speed) hits both sides of a
 ratio alike. The sender's state dict is views into the raw buffer: the same bytes, and
 memory for one copy only.
+
+With `--delta` it adds the delta rows (tools/bench/sync_delta.py): bytes, publish and apply
+seconds of delta versions (`sync.full_every` > 1) against whole ones, for the demo's tiny
+model and a ~79 M parameter model trained `--delta-steps` steps with AdamW at lr 1e-5, in
+bfloat16 and float32. They print ratios and have no target.
 """
 
 from __future__ import annotations
@@ -202,7 +208,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--sizes", type=float, nargs="+", default=[1.0, 4.0], help="GB")
     p.add_argument("--receivers", type=int, default=2)
     p.add_argument("--repeat", type=int, default=3)
+    p.add_argument("--delta", action="store_true", help="add the delta-version rows")
+    p.add_argument("--only-delta", action="store_true", help="only the delta-version rows")
+    p.add_argument("--delta-steps", type=int, default=5, help="trainer steps (versions)")
     args = p.parse_args(argv)
+    if args.delta or args.only_delta:
+        import sync_delta
+
+        if args.only_delta:
+            sync_delta.run(args.delta_steps, list(sync_delta.MODELS))
+            return 0
     args.dir.mkdir(parents=True, exist_ok=True)
     passed = True
     print(f"{'size GB':>8} {'method':<11} {'raw s/GB':>9} {'rft s/GB':>9} {'ratio':>6} "
@@ -223,6 +238,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{gb:>8g} {method:<11} {r['raw'] / r['bytes'] * GB:>9.3f} "
                   f"{r['rft'] / r['bytes'] * GB:>9.3f} {ratio:>6.2f} "
                   f"{TARGETS[method]:>7} {'PASS' if ok else 'FAIL'}")
+    if args.delta:
+        sync_delta.run(args.delta_steps, list(sync_delta.MODELS))
     return 0 if passed else 1
 
 
