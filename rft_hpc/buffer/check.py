@@ -63,7 +63,6 @@ def verify_buffer(buffer: Path, *, fix: bool = False) -> VerifyReport:
                 report.archives += 1
                 report.records += sum(p.num_records for p in parts)
                 continue
-            report.segments += 1
             seg = read_segment(path)
         except CorruptSegment as exc:
             report.segments += 1
@@ -73,6 +72,7 @@ def verify_buffer(buffer: Path, *, fix: bool = False) -> VerifyReport:
                 problem.quarantined_to = str(quarantine_segment(buffer, path, reason))
             report.problems.append(problem)
             continue
+        report.segments += 1
         report.records += seg.num_records
     for writer in sorted(writers):
         report.temporaries += [str(buffer / writer / t) for t in stray_temporaries(buffer / writer)]

@@ -35,7 +35,7 @@ SMALL = CompactConfig(min_segments=4, fanout=3)
 
 def consumed_to(step: int) -> dict[str, Any]:
     """A cursor's compaction-relevant part: every writer read up to `step`, nothing pending."""
-    return consumed_to(step)
+    return {"next_segment": dict.fromkeys(WRITERS, step), "pool": {"items": []}, "stuck": {}}
 
 
 def refs_and_ids(reader: BufferReader) -> Counter[tuple[str, int, int, str]]:
