@@ -10,9 +10,10 @@ from typing import Any
 
 import numpy as np
 
+from rft_hpc.buffer.archive import is_archive, read_archive
 from rft_hpc.buffer.jsonl import iter_segments
 from rft_hpc.buffer.layout import open_buffer_dir, quarantine_segment, stray_temporaries
-from rft_hpc.buffer.segment import SCHEMAS, CorruptSegment, read_segment
+from rft_hpc.buffer.segment import SCHEMAS, CorruptSegment, read_segment, read_segment_attrs
 
 
 @dataclass
@@ -29,6 +30,8 @@ class VerifyReport:
     """Result of `verify_buffer`."""
 
     segments: int = 0
+    """Segments checked, those held by archives included."""
+    archives: int = 0
     records: int = 0
     problems: list[Problem] = field(default_factory=list)
     temporaries: list[str] = field(default_factory=list)
@@ -42,7 +45,7 @@ class VerifyReport:
 
 
 def verify_buffer(buffer: Path, *, fix: bool = False) -> VerifyReport:
-    """Read and check every committed segment (structure and all checksums).
+    """Read and check every committed segment and archive (structure and all checksums).
 
     With `fix`, each corrupt segment is moved to `<buffer>/quarantine/<writer>/` beside a
     `.reason.txt`. Temporary files are listed (they belong to live or dead writers; a
@@ -53,16 +56,23 @@ def verify_buffer(buffer: Path, *, fix: bool = False) -> VerifyReport:
     writers: set[str] = set()
     for writer, path in iter_segments(buffer):
         writers.add(writer)
-        report.segments += 1
         try:
+            if is_archive(path):
+                parts = read_archive(path)
+                report.segments += len(parts)
+                report.archives += 1
+                report.records += sum(p.num_records for p in parts)
+                continue
             seg = read_segment(path)
         except CorruptSegment as exc:
+            report.segments += 1
             problem = Problem(str(path), exc.reason)
             if fix:
                 reason = f"rft-hpc buffer verify --fix: {exc.reason}"
                 problem.quarantined_to = str(quarantine_segment(buffer, path, reason))
             report.problems.append(problem)
             continue
+        report.segments += 1
         report.records += seg.num_records
     for writer in sorted(writers):
         report.temporaries += [str(buffer / writer / t) for t in stray_temporaries(buffer / writer)]
@@ -76,6 +86,8 @@ class WriterSummary:
     writer: str
     kinds: list[str] = field(default_factory=list)
     segments: int = 0
+    """Segments, those held by archives included."""
+    archives: int = 0
     corrupt_segments: int = 0
     records: int = 0
     tokens: int = 0
@@ -102,7 +114,11 @@ def summarize_buffer(buffer: Path) -> list[WriterSummary]:
     tasksets: dict[str, Counter[str]] = {}
     for writer, path in iter_segments(buffer):
         s = out.setdefault(writer, WriterSummary(writer))
-        s.segments += 1
+        try:
+            s.segments += int(read_segment_attrs(path).get("num_segments", 1))
+        except CorruptSegment:
+            s.segments += 1
+        s.archives += is_archive(path)
         try:
             seg = read_segment(path, fields=_SUMMARY_FIELDS)
         except CorruptSegment:

@@ -20,9 +20,10 @@ from typing import Any
 
 import numpy as np
 
+from rft_hpc.buffer.archive import list_writer
 from rft_hpc.buffer.layout import ensure_buffer_dir, open_buffer_dir, writer_names
 from rft_hpc.buffer.records import DPOPair, Experience, Record, SFTSample
-from rft_hpc.buffer.segment import CorruptSegment, committed_segments, read_segment, segment_name
+from rft_hpc.buffer.segment import CorruptSegment, read_segment
 from rft_hpc.buffer.writer import SegmentWriter
 from rft_hpc.core.errors import UserError
 from rft_hpc.core.rundir import TEMP_PREFIX, fsync_dir
@@ -275,10 +276,12 @@ def record_to_json(record: Record) -> dict[str, Any]:
 
 
 def iter_segments(buffer: Path) -> Iterator[tuple[str, Path]]:
-    """(writer, path) of every committed segment, writers sorted, segments by step."""
+    """(writer, path) of every file to read: archives and the committed segments no archive
+    holds, writers sorted, files by step. `read_segment` reads an archive as one segment
+    (all its records); `archive.read_archive` splits it into the segments it holds."""
     for writer in writer_names(buffer):
-        for start in committed_segments(buffer / writer):
-            yield writer, buffer / writer / segment_name(start)
+        for _, name in list_writer(buffer / writer).files():
+            yield writer, buffer / writer / name
 
 
 def export_jsonl(buffer: Path, out: Path, *, warn: Callable[[str], None] = print) -> int:

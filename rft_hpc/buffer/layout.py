@@ -1,7 +1,8 @@
 """The buffer folder: its marker file, its writer folders, and the quarantine.
 
-    <buffer>/FORMAT              {"format": "rft-hpc-buffer", "schema_version": 1}
+    <buffer>/FORMAT              {"format": "rft-hpc-buffer", "schema_version": 2}
     <buffer>/<writer>/<step>.h5  committed segments (8-digit first step)
+    <buffer>/<writer>/archive-<step>-<end>.h5   consumed segments folded together
     <buffer>/<writer>/.tmp-*     segments being written (never read)
     <buffer>/quarantine/<writer>/<step>.h5 + <step>.h5.reason.txt
 """

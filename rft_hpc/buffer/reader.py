@@ -2,7 +2,10 @@
 
 Discovery costs one listing of the buffer folder plus one `stat` per writer per poll: each
 writer's next segment is found by name (its first step is the previous segment's
-`step_end`), never by listing what was already consumed. The reader's whole position is
+`step_end`), never by listing what was already consumed. Archives (consumed segments folded
+together by `compact`) are found by the one listing of each writer folder a reader makes,
+or by a new listing when a segment it expects has gone into an archive; their records keep
+their segment's identity. The reader's whole position is
 `state_dict()`, plain JSON that goes into the trainer checkpoint; a reader built from it
 hands out exactly the records the saved one had not yet handed out, in the same order.
 """
@@ -16,11 +19,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from rft_hpc.buffer.archive import archive_name, list_writer, read_archive
 from rft_hpc.buffer.layout import quarantine_segment, writer_names
 from rft_hpc.buffer.records import Record
 from rft_hpc.buffer.sampling import PoolItem, build_pool
 from rft_hpc.buffer.segment import CorruptSegment, Segment, read_segment, segment_name
-from rft_hpc.buffer.segment import committed_segments as list_segments
 from rft_hpc.config.buffer import BufferConfig
 from rft_hpc.core.watch import FolderWatch
 
@@ -75,6 +78,7 @@ class BufferReader:
         self._pool = build_pool(self.config.sampler)
         self._next: dict[str, int] = {}
         self._listed: dict[str, int] = {}  # writer -> last segment seen by its one listing
+        self._archives: dict[str, dict[int, int]] = {}  # writer -> archive start -> end
         self._stuck: dict[str, list[int]] = {}  # writer -> [segment, size, mtime_ns] unreadable
         self._cache: dict[tuple[str, int], Segment] = {}
         self._refs: Counter[tuple[str, int]] = Counter()
@@ -117,11 +121,13 @@ class BufferReader:
         while it was stopped) instead of waiting for that segment for ever. False if the
         writer has no segment yet.
         """
-        starts = list_segments(self.buffer_dir / writer)
-        if not starts:
+        files = list_writer(self.buffer_dir / writer)
+        first = files.first
+        if first is None:
             return False
-        self._next.setdefault(writer, starts[0])
-        self._listed[writer] = starts[-1]
+        self._next.setdefault(writer, first)
+        self._listed[writer] = max(s for s, _ in files.files())
+        self._archives[writer] = dict(files.archives)
         if self._watch is not None:
             self._watch.add(self.buffer_dir / writer)
         return True
@@ -129,6 +135,9 @@ class BufferReader:
     def _poll_one(self, writer: str) -> int | None:
         """Read the writer's next segment; the number of records added, or None to stop."""
         start = self._next[writer]
+        end = self._archives[writer].get(start)
+        if end is not None:
+            return self._read_archive(writer, (start, end), start)
         path = self.buffer_dir / writer / segment_name(start)
         try:
             st = os.stat(path)
@@ -146,6 +155,8 @@ class BufferReader:
                 raise CorruptSegment(path, f"steps [{seg.step_start}, {seg.step_end}) do not "
                                            f"match its name")
         except CorruptSegment as exc:
+            if not path.exists():  # folded into an archive after the stat
+                return self._skip_if_superseded(writer, start, "missing")
             log.warning("skipping %s", exc)
             self.counters["corrupt_segments"] += 1
             self._stuck[writer] = [start, st.st_size, st.st_mtime_ns]
@@ -158,8 +169,15 @@ class BufferReader:
 
     def _skip_if_superseded(self, writer: str, start: int,
                             reason: str = "unreadable") -> int | None:
-        """Past an unreadable segment, move on once the writer has committed a later one."""
-        later = [s for s in list_segments(self.buffer_dir / writer) if s > start]
+        """Past an unreadable segment, move on once the writer has committed a later one;
+        read on from the archive that now holds the segment, if there is one."""
+        files = list_writer(self.buffer_dir / writer)
+        self._archives[writer] = dict(files.archives)
+        span = files.archive_covering(start)
+        if span is not None:
+            self._stuck.pop(writer, None)
+            return self._read_archive(writer, span, start)
+        later = [s for s, _ in files.files() if s > start]
         if not later:
             return None
         self.skipped.append({"writer": writer, "segment": start, "reason": reason})
@@ -167,6 +185,25 @@ class BufferReader:
         self._stuck.pop(writer, None)
         self._next[writer] = later[0]
         return 0
+
+    def _read_archive(self, writer: str, span: tuple[int, int], start: int) -> int | None:
+        """Add the archived segments from step `start` on; the reader goes on at its end."""
+        path = self.buffer_dir / writer / archive_name(*span)
+        try:
+            parts = read_archive(path)
+        except CorruptSegment as exc:
+            if not path.exists():  # merged into a larger archive meanwhile: look again
+                return self._skip_if_superseded(writer, start, "missing")
+            log.warning("skipping %s", exc)
+            self.counters["corrupt_segments"] += 1
+            if self.quarantine:
+                quarantine_segment(self.buffer_dir, path, f"found by a reader: {exc.reason}")
+            self.skipped.append({"writer": writer, "segment": start, "reason": exc.reason})
+            self._next[writer] = span[1]
+            return 0
+        self._next[writer] = span[1]
+        self.counters["archives_read"] += 1
+        return sum(self._add_segment(writer, p) for p in parts if p.step_start >= start)
 
     def _add_segment(self, writer: str, seg: Segment) -> int:
         cols = seg.columns
@@ -248,12 +285,29 @@ class BufferReader:
             return seg
         path = self.buffer_dir / item.writer / segment_name(item.segment)
         try:  # only after a restore: the segment was read and checked before the save
+            if not path.exists():
+                return self._from_archive(item)
             seg = self._cache[key] = read_segment(path)
         except CorruptSegment as exc:
             log.warning("lost a pending record: %s", exc)
             self.counters["lost_records"] += 1
             self._release(item)
             return None
+        return seg
+
+    def _from_archive(self, item: PoolItem) -> Segment | None:
+        """A pending record's segment from the archive that now holds it (after a restore
+        from a cursor older than a compaction); caches every archived segment still needed."""
+        files = list_writer(self.buffer_dir / item.writer)
+        span = files.archive_covering(item.segment)
+        if span is not None:
+            for part in read_archive(self.buffer_dir / item.writer / archive_name(*span)):
+                if self._refs.get((item.writer, part.step_start)):
+                    self._cache[item.writer, part.step_start] = part
+        seg = self._cache.get((item.writer, item.segment))
+        if seg is None:
+            raise CorruptSegment(self.buffer_dir / item.writer / segment_name(item.segment),
+                                 "missing, and in no archive")
         return seg
 
     def _release(self, item: PoolItem) -> None:

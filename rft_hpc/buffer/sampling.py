@@ -185,6 +185,14 @@ class MixturePool:
                 self._credit[k] = c
 
 
+def state_items(state: dict[str, Any]) -> list[PoolItem]:
+    """The items held in a saved pool state of any sampler (`Pool.state()`), any order."""
+    raw = list(state.get("items", []))
+    for queue in state.get("queues", {}).values():
+        raw += queue
+    return [PoolItem.from_json(v) for v in raw]
+
+
 def build_pool(config: SamplerConfig) -> Pool:
     """The pool for a sampler config."""
     if isinstance(config, PrioritySampler):

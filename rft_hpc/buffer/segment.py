@@ -24,7 +24,7 @@ from h5py import h5a, h5d, h5s
 from rft_hpc.buffer.records import RECORD_TYPES, Record
 from rft_hpc.core.errors import UserError
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 LIBVER = ("v110", "v110")  # readable by any HDF5 >= 1.10; metadata carries checksums
 _NAME = re.compile(r"^(\d+)\.h5$")
 

@@ -15,11 +15,11 @@ from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
+from rft_hpc.buffer.archive import list_writer
 from rft_hpc.buffer.layout import ensure_buffer_dir, quarantine_segment
 from rft_hpc.buffer.records import Record
 from rft_hpc.buffer.segment import (
     CorruptSegment,
-    committed_segments,
     read_segment_attrs,
     segment_name,
 )
@@ -144,17 +144,18 @@ class SegmentWriter:
         return removed
 
     def _recover(self) -> int:
-        """The step after the last committed segment (0 for a new writer)."""
-        starts = committed_segments(self.dir)
+        """The step after the last committed segment or archive (0 for a new writer)."""
+        files = list_writer(self.dir)
+        starts = files.segments
         if not starts:
-            return 0
+            return files.end
         last = self.dir / segment_name(starts[-1])
         try:
-            return int(read_segment_attrs(last)["step_end"])
+            return max(files.end, int(read_segment_attrs(last)["step_end"]))
         except (CorruptSegment, KeyError, ValueError) as exc:
             # The newest segment is unreadable: set it aside and redo its steps.
             reason = exc.reason if isinstance(exc, CorruptSegment) else f"bad attributes: {exc}"
             quarantine_segment(self.buffer_dir, last, f"found by restarted writer: {reason}")
             log.warning("writer %s: newest segment %s is corrupt (%s); quarantined, redoing "
                         "from step %d", self.writer, last.name, reason, starts[-1])
-            return starts[-1]
+            return max(files.end, starts[-1])

@@ -33,8 +33,9 @@ def summary_table(rows: list[WriterSummary], title: str) -> Table:
                 "reward mean", "reward std", "tokens"):
         table.add_column(col, justify="left" if col in ("writer", "kind") else "right")
     for r in rows:
-        segs = f"{r.segments}" + (f" ({r.corrupt_segments} corrupt)" if r.corrupt_segments
-                                  else "")
+        notes = ([f"{r.archives} archives"] if r.archives else []) + \
+            ([f"{r.corrupt_segments} corrupt"] if r.corrupt_segments else [])
+        segs = f"{r.segments}" + (f" ({', '.join(notes)})" if notes else "")
         table.add_row(r.writer, ",".join(r.kinds) or "-", segs, str(r.records),
                       _span(r.steps, end_exclusive=True),
                       _span(r.policy_versions), _fmt(r.reward_mean), _fmt(r.reward_std),
@@ -112,7 +113,8 @@ def verify_cmd(
         verdict = ("OK" if not report.problems
                    else f"{len(report.problems)} corrupt segment(s)"
                    + ("" if report.unfixed else ", all quarantined"))
-        console.print(f"{buffer}: {report.segments} segment(s), {report.records} readable "
+        held = f" ({report.archives} archive(s))" if report.archives else ""
+        console.print(f"{buffer}: {report.segments} segment(s){held}, {report.records} readable "
                       f"record(s): {verdict}")
     if report.unfixed:
         raise typer.Exit(1)

@@ -46,6 +46,22 @@ SamplerConfig = Annotated[FifoSampler | PrioritySampler | MixtureSampler,
                           Field(discriminator="type")]
 
 
+class CompactConfig(ConfigSection):
+    """Folding consumed segments into archive files (docs/buffer-format.md, "Compaction")."""
+
+    enabled: bool = True
+    """Let the trainer compact the buffer after each checkpoint: segments its saved cursor
+    has consumed become archives, so the file count stays bounded over a long run."""
+
+    min_segments: int = Field(64, ge=1)
+    """Consumed segments a writer needs before they are folded into one archive (and steps
+    its consumed bound must move before its folder is looked at again)."""
+
+    fanout: int = Field(8, ge=2)
+    """Archives of one size tier merged into one of the next tier: a writer keeps fewer
+    than `fanout` archives per tier, and each record is rewritten once per tier."""
+
+
 class BufferConfig(ConfigSection):
     """The HDF5 experience buffer (docs/buffer-format.md)."""
 
@@ -70,6 +86,9 @@ class BufferConfig(ConfigSection):
 
     max_uses: int = Field(1, ge=1)
     """How many times one record may be trained on (1 = exactly once; more = replay)."""
+
+    compact: CompactConfig = Field(default_factory=CompactConfig)
+    """Compaction of consumed segments into archives (on by default)."""
 
     poll_interval: float = Field(1.0, gt=0.0)
     """Seconds between the trainer's polls for new segments while it waits for data (a

@@ -1,5 +1,5 @@
 """What `rft-hpc audit` needs to know of a buffer: every committed segment's size, steps and
-policy versions, and which segments were quarantined."""
+policy versions (segments held by archives included), and which were quarantined."""
 
 from __future__ import annotations
 
@@ -10,10 +10,10 @@ from pathlib import Path
 
 import numpy as np
 
+from rft_hpc.buffer.archive import archive_name, list_writer, read_archive, read_archive_index
 from rft_hpc.buffer.layout import QUARANTINE, writer_names
 from rft_hpc.buffer.segment import (
     CorruptSegment,
-    committed_segments,
     read_segment,
     read_segment_attrs,
     segment_name,
@@ -35,6 +35,8 @@ class SegmentInfo:
     steps: np.ndarray | None = None
     versions: np.ndarray | None = None
     error: str | None = None
+    archive: str | None = None
+    """The archive file that holds the segment (None: its own segment file)."""
 
 
 @dataclass
@@ -44,6 +46,9 @@ class BufferScan:
     root: Path
     segments: dict[tuple[str, int], SegmentInfo] = field(default_factory=dict)
     quarantined: set[tuple[str, int]] = field(default_factory=set)
+    _by_writer: dict[str, list[tuple[int, SegmentInfo]]] | None = field(default=None,
+                                                                          repr=False)
+    _indexed: int = field(default=0, repr=False)  # len(segments) when _by_writer was built
 
     def writers(self) -> list[str]:
         """Writers with committed segments, sorted."""
@@ -51,14 +56,24 @@ class BufferScan:
 
     def writer_segments(self, writer: str) -> list[tuple[int, SegmentInfo]]:
         """(first step, segment) of one writer's committed segments, by step."""
-        return sorted((s, info) for (w, s), info in self.segments.items() if w == writer)
+        if self._by_writer is None or self._indexed != len(self.segments):
+            by: dict[str, list[tuple[int, SegmentInfo]]] = {}
+            for (w, s), info in self.segments.items():
+                by.setdefault(w, []).append((s, info))
+            self._by_writer = {w: sorted(v, key=lambda x: x[0]) for w, v in by.items()}
+            self._indexed = len(self.segments)
+        return self._by_writer.get(writer, [])
 
     def readable_records(self) -> int:
         """Records in segments that could be read."""
         return sum(s.num_records for s in self.segments.values() if s.error is None)
 
     def segment_path(self, writer: str, start: int) -> str:
-        """The segment's path relative to the stage (`buffer/<writer>/<step>.h5`)."""
+        """The segment's path relative to the stage (`buffer/<writer>/<step>.h5`; an
+        archived one's as `buffer/<writer>/<archive>#<step>`)."""
+        info = self.segments.get((writer, start))
+        if info is not None and info.archive is not None:
+            return f"{self.root.name}/{writer}/{info.archive}#{start}"
         return f"{self.root.name}/{writer}/{segment_name(start)}"
 
 
@@ -67,7 +82,10 @@ def scan_buffer(buffer: Path) -> BufferScan:
     an unreadable segment is kept with its `error` (its records count as lost)."""
     scan = BufferScan(buffer)
     for writer in writer_names(buffer):
-        for start in committed_segments(buffer / writer):
+        files = list_writer(buffer / writer)
+        for span in files.archives:
+            _scan_archive(scan, writer, buffer / writer / archive_name(*span), span)
+        for start in files.segments:
             path = buffer / writer / segment_name(start)
             try:
                 seg = read_segment(path, fields=("step", "policy_version"))
@@ -87,6 +105,27 @@ def scan_buffer(buffer: Path) -> BufferScan:
                     if m:
                         scan.quarantined.add((writer, int(m.group(1))))
     return scan
+
+
+def _scan_archive(scan: BufferScan, writer: str, path: Path, span: tuple[int, int]) -> None:
+    """Each segment an archive holds, as if it were a segment file of its own; an
+    unreadable archive's segments (from its index, else its whole span) have `error` set."""
+    try:
+        parts = read_archive(path, fields=("step", "policy_version"))
+    except CorruptSegment as exc:
+        try:
+            starts = read_archive_index(path)
+        except CorruptSegment:
+            starts = [span[0]]
+        ends = [*starts[1:], span[1]]
+        for start, end in zip(starts, ends, strict=True):
+            scan.segments[writer, start] = SegmentInfo(end, 0, error=exc.reason,
+                                                       archive=path.name)
+        return
+    for p in parts:
+        scan.segments[writer, p.step_start] = SegmentInfo(
+            p.step_end, p.num_records, p.columns.get("step"), p.columns.get("policy_version"),
+            archive=path.name)
 
 
 def _step_end(path: Path, start: int) -> int:

@@ -24,6 +24,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from rft_hpc.buffer.compact import Compactor
 from rft_hpc.buffer.reader import Batch, BufferReader
 from rft_hpc.config import ExperimentConfig
 from rft_hpc.core.rundir import RunDir, write_jsonl
@@ -236,6 +237,8 @@ def _lead(trainer: Trainer, run: RunDir, stop: StopFlag, saved: TrainerState | N
     scored = set(config.eval.scored_versions(tcfg.steps)) if config.eval.evaluator else set()
 
     publisher = WeightPublisher(config, run, keep_also=scored, device=trainer.device)
+    compactor = Compactor(run.buffer, config.buffer.compact, durable=config.buffer.fsync) \
+        if config.buffer.compact.enabled else None
 
     def save() -> None:
         t0 = time.monotonic()
@@ -251,6 +254,11 @@ def _lead(trainer: Trainer, run: RunDir, stop: StopFlag, saved: TrainerState | N
                            ranks=_ranks(trainer))
         ledger.append("save", step=step)
         clock.observe_save(time.monotonic() - t0)
+        if compactor is not None:  # only what the checkpoint just saved has consumed
+            done = compactor.run(cursor)
+            if done.archives:
+                log.info("compacted %d consumed segments (%d records) into %d archive(s)",
+                         done.segments_folded, done.records, done.archives)
 
     version = publisher.files_version  # the newest version the explorers were given
     started, start_step = time.time(), step

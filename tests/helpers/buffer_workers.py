@@ -209,6 +209,32 @@ def killable_writer_main(conn: Connection, buffer: str, writer: str, log: str, s
     os.close(fd)
 
 
+def compacting_writer_main(conn: Connection, buffer: str, writer: str, log: str, seed: int,
+                           durable: bool, min_segments: int, fanout: int) -> None:
+    """A writer that compacts its own folder after every two steps, until killed (10 s).
+
+    Sends {"next_step"} once its writer has recovered, waits for "go"; appends each
+    committed step's end to `log`. Every committed segment counts as consumed.
+    """
+    from rft_hpc.buffer.compact import compact_writer
+    from rft_hpc.config.buffer import CompactConfig
+
+    config = CompactConfig(min_segments=min_segments, fanout=fanout)
+    w = SegmentWriter(buffer, writer, "rl", durable=durable)
+    conn.send({"next_step": w.next_step})
+    assert conn.recv() == "go"
+    rng = random.Random(seed)
+    fd = os.open(log, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
+    deadline = time.monotonic() + 10.0
+    while time.monotonic() < deadline:
+        for _ in range(2):
+            step = w.next_step
+            w.write_step(step, step_records(writer, step, 3, random_sizes(rng, 3, 1, 64)))
+            os.write(fd, f"{w.committed_step}\n".encode())
+        compact_writer(Path(buffer), writer, w.committed_step, config, durable=durable)
+    os.close(fd)
+
+
 def resume_drain_main(buffer: str, config: dict[str, Any], state_file: str, out_file: str,
                       batch_size: int, first_batch: int, versioned: bool) -> None:
     """Build a reader from a saved cursor, drain the rest, write the batches as JSON."""

@@ -7,8 +7,11 @@ import sys
 import pytest
 
 from rft_hpc.buffer import Experience, RecordRef, SegmentWriter
+from rft_hpc.buffer.archive import list_writer
+from rft_hpc.buffer.compact import compact_buffer
 from rft_hpc.buffer.layout import quarantine_segment
 from rft_hpc.config import ExperimentConfig
+from rft_hpc.config.buffer import CompactConfig
 from rft_hpc.core.errors import UserError
 from rft_hpc.core.rundir import atomic_write_json
 from rft_hpc.ledger.audit import audit_run
@@ -245,3 +248,19 @@ def test_a_torn_last_line_is_skipped_and_a_missing_field_is_a_user_error(stage):
         f.write('{"event": "save", "time": 2.0}\n')
     with pytest.raises(UserError, match=r"trainer\.jsonl:\d+: `save` event lacks step"):
         audit_run(stage.parents[1])
+
+
+def test_archived_segments_are_audited_like_segment_files(stage):
+    """After compaction the audit sees the same records and finds the same problems."""
+    write_trainer(stage, step_2={"refs": [*batch(2), RecordRef("explorer-0", 0, 1)]})
+    before = audit_run(stage.parents[1])
+    consumed = {"next_segment": {f"explorer-{e}": STEPS for e in range(EXPLORERS)},
+                "pool": {"items": []}, "stuck": {}}
+    compact_buffer(stage / "buffer", consumed, CompactConfig(min_segments=2))
+    assert list_writer(stage / "buffer" / "explorer-0").archives == [(0, STEPS)]
+    after = audit_run(stage.parents[1])
+    assert after.stages[0].records == before.stages[0].records
+    assert [c.result for c in after.stages[0].checks] == \
+        [c.result for c in before.stages[0].checks]
+    assert problems(after) == problems(before) == [
+        "explorer-0/0/1 consumed 2 times (max_uses 1): steps 1, 2"]
