@@ -155,13 +155,17 @@ def test_offline_sft_from_a_jsonl_file(tmp_path, tiny_model):
 
 def test_a_run_interrupted_twice_ends_with_the_weights_of_an_uninterrupted_one(
         tmp_path, tiny_model):
-    """Deterministic: strictly on-policy, one explorer, batches of exactly one explorer step."""
+    """Deterministic: strictly on-policy, one explorer, batches of exactly one explorer step.
+    The interrupted run also folds what each checkpoint consumed into archives (every 2
+    segments), and its resumes read on from them."""
     def args(name):
         return ["run", DEMO, *short(tmp_path, tiny_model, "--set", "stages=[]",
                                     "--set", f"run.name={name}", "--set", "explorer.count=1",
                                     "--set", "sync.offset=0", "--set", "trainer.batch_size=16",
                                     "--set", "trainer.steps=12", "--set", "eval.interval=0",
-                                    "--set", "trainer.save_interval=100")]
+                                    "--set", "trainer.save_interval=100",
+                                    *(("--set", "buffer.compact={min_segments: 2, fanout: 2}")
+                                      if name == "twice" else ()))]
 
     straight = rft(*args("straight"), timeout=600)
     assert straight.returncode == 0, straight.stderr[-3000:]
@@ -192,6 +196,7 @@ def test_a_run_interrupted_twice_ends_with_the_weights_of_an_uninterrupted_one(
     diff = max(float((one[k] - two[k]).abs().max()) for k in one)
     print(f"final weights, uninterrupted vs interrupted twice: max |diff| {diff:.3g}")
     assert diff <= 1e-6
+    assert list((stage / "buffer").glob("*/archive-*.h5")), "nothing was compacted"
     report = rft("audit", tmp_path / "twice", "--json")
     assert report.returncode == 0, report.stdout[-3000:]
     assert json.loads(report.stdout)["stages"][0]["trainer"]["restarts"] == 2
