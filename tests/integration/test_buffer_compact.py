@@ -17,7 +17,13 @@ from pathlib import Path
 from typing import Any
 
 import h5py
-from helpers.buffer_workers import check_record, compacting_writer_main, read_new, write_steps
+from helpers.buffer_workers import (
+    check_record,
+    compacting_writer_main,
+    read_new,
+    receive,
+    write_steps,
+)
 
 from rft_hpc.buffer import (
     BufferConfig,
@@ -167,14 +173,6 @@ def committed_end(wdir: Path) -> int:
         with h5py.File(wdir / segment_name(files.segments[-1]), "r") as f:
             return int(f.attrs["step_end"])
     return files.end
-
-
-def receive(conn: Any, proc: Any, timeout: float = 60.0) -> Any:
-    deadline = time.monotonic() + timeout
-    while not conn.poll(0.05):
-        assert proc.is_alive(), f"child exited with {proc.exitcode} before reporting"
-        assert time.monotonic() < deadline, "child did not report in time"
-    return conn.recv()
 
 
 def test_compaction_killed_at_random_moments(buffer_dir: Path, tmp_path: Path,

@@ -12,9 +12,7 @@ import signal
 import time
 from collections import Counter
 from collections.abc import Callable
-from multiprocessing.connection import Connection
 from multiprocessing.context import BaseContext
-from multiprocessing.process import BaseProcess
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +22,7 @@ from helpers.buffer_workers import (
     check_record,
     killable_writer_main,
     read_new,
+    receive,
     record_from_id,
     step_records,
     write_steps,
@@ -68,15 +67,6 @@ def collect(reader: BufferReader, seen: Counter[tuple[int, int]]) -> int:
         parts = check_record(r)
         seen[parts["step"], parts["index"]] += 1
     return len(records)
-
-
-def receive(conn: Connection, proc: BaseProcess, timeout: float = 60.0) -> Any:
-    """The next message from a child process; fails fast if the child dies first."""
-    deadline = time.monotonic() + timeout
-    while not conn.poll(0.05):
-        assert proc.is_alive(), f"writer exited with {proc.exitcode} before reporting"
-        assert time.monotonic() < deadline, "writer did not report in time"
-    return conn.recv()
 
 
 def test_writer_killed_at_random_moments(buffer_dir: Path, tmp_path: Path, mp: BaseContext,
