@@ -11,7 +11,8 @@ at the end, once an explorer has finished (it no longer listens), and whenever t
 has waited `sync.idle_publish` seconds for data: an explorer that (re)started after the last
 broadcast then finds the current weights on the filesystem. With `sync.full_every` > 1 the
 files of a whole model's version are a delta against the files version before, but for every
-`full_every`-th and those an evaluator scores (docs/weights-format.md).
+`full_every`-th and those an evaluator scores, and over the fabric a version goes as a delta
+against the one broadcast before, but for every `full_every`-th (docs/weights-format.md).
 """
 
 from __future__ import annotations
@@ -123,12 +124,14 @@ class WeightPublisher:
             self._sender = CollectiveSender(folder, count, backend=fabric_backend(),
                                             device=self.device, timeout=sync.timeout,
                                             join_timeout=sync.timeout,
-                                            bucket_mb=sync.bucket_mb, checksum=sync.checksum)
+                                            bucket_mb=sync.bucket_mb, checksum=sync.checksum,
+                                            full_every=self._chain.full_every)
         else:
             from rft_hpc.sync.mpi import MpiPortSender
 
             self._sender = MpiPortSender(folder, timeout=sync.timeout,
-                                         bucket_mb=sync.bucket_mb, checksum=sync.checksum)
+                                         bucket_mb=sync.bucket_mb, checksum=sync.checksum,
+                                         full_every=self._chain.full_every)
             self._sender.wait_for_receivers(count, sync.timeout)
         return self._sender
 
