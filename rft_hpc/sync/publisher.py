@@ -56,6 +56,8 @@ class WeightPublisher:
         self.method = config.sync.method
         self.device = device
         self.fallbacks = 0
+        self.fabric_deltas = 0
+        """Versions that went over the fabric as deltas (every explorer applied them)."""
         self.files_version = latest_weights_version(run.weights)
         """The newest version written as files, or being written in the background."""
         self._sender: Any = None
@@ -66,7 +68,7 @@ class WeightPublisher:
     def publish(self, state_dict: Mapping[str, torch.Tensor], version: int) -> dict[str, float]:
         """Send `version` to the explorers; returns the sync's metrics (`sync_seconds`: the
         trainer's time in it; with background writes, `sync_write_seconds`: the last
-        finished write's)."""
+        finished write's; with nccl/mpi, `sync_fabric_deltas`: versions sent as deltas)."""
         t0 = time.monotonic()
         values = {}
         if self._writer is not None and self.files_version != version:
@@ -76,6 +78,8 @@ class WeightPublisher:
         elif self.method == "checkpoint" or self._an_explorer_finished() or not self._send(
                 state_dict, version):
             self.write_files(state_dict, version)
+        if self.method != "checkpoint":
+            values["sync_fabric_deltas"] = float(self.fabric_deltas)
         return {**values, "sync_seconds": time.monotonic() - t0,
                 "sync_fallbacks": float(self.fallbacks)}
 
@@ -105,7 +109,9 @@ class WeightPublisher:
 
     def _send(self, state_dict: Mapping[str, torch.Tensor], version: int) -> bool:
         try:
-            self._sender_for().send(state_dict, version)
+            sender = self._sender_for()
+            sender.send(state_dict, version)
+            self.fabric_deltas += sender.last_form == "delta"
             return True
         except SyncFailed as exc:
             self.fallbacks += 1
