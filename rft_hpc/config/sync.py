@@ -42,12 +42,15 @@ class SyncConfig(ConfigSection):
     writes the files itself before it trains on."""
 
     full_every: int = Field(1, ge=1)
-    """Every how many versions written as files one is whole: the others are written as
-    deltas against the version before (XOR of the raw bits, compressed: lossless; about half
-    the bytes of a float32 model and a tenth of a bfloat16 one after an AdamW step at lr
-    1e-5, see docs/weights-format.md), and an explorer that holds that version applies just
-    the delta. 1 (the default): every version whole. The trainer keeps one more host copy of
-    the weights (the next delta's base); versions an evaluator scores are always whole."""
+    """Every how many versions written as files, or broadcast by nccl/mpi, one is whole: the
+    others go as deltas against the version before (XOR of the raw bits, compressed:
+    lossless; about half the bytes of a float32 model and a tenth of a bfloat16 one after an
+    AdamW step at lr 1e-5, see docs/weights-format.md), and an explorer that holds that
+    version applies just the delta (over nccl/mpi: if one explorer cannot, the version
+    follows whole in the same sync). 1 (the default): every version whole. The trainer keeps
+    one more host copy of the weights (the next delta's base; over nccl/mpi also of the
+    version being sent), and so does each nccl/mpi explorer; versions an evaluator scores
+    are always whole as files."""
 
     idle_publish: float = Field(5.0, ge=0.0)
     """With nccl/mpi: seconds the trainer waits for data before it also writes its current

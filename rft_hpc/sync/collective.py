@@ -14,8 +14,11 @@ process after a failure. The protocol (docs/weights-format.md, "Fabric sync"):
 1. joining: a receiver sets `join/<id>` = a fresh token and adds 1 to `joins`; the sender
    waits for all expected receivers (or `join_timeout`), then sets `members`;
 2. a sync: the sender sets `layout/<digest>` (once per layout) and `announce/<seq>` =
-   {version, layout, bytes, crc32}; then broadcasts the pieces (`fabric.plan`), then every
-   rank all-reduces (MIN) an "ok" flag (a receiver's checksum verdict);
+   {version, layout, bytes, crc32, keep, delta}; then broadcasts the pieces (`fabric.plan`),
+   then every rank all-reduces (MIN) an "ok" flag (a receiver's checksum verdict). With a
+   `delta` header the delta's bytes travel first, and a first verdict says whether every
+   receiver rebuilt the version from it; if one did not, the pieces follow as above
+   (`rft_hpc.sync.fabric_delta`);
 3. anything that fails or outlasts `timeout` raises `SyncFailed` on every living rank; the
    group is dropped. A failed or restarted receiver joins the current generation again with
    a new token; the sender sees `joins` move and opens generation g+1 at its next send
@@ -29,6 +32,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import time
 import uuid
@@ -50,6 +54,9 @@ from rft_hpc.sync.fabric import (
     sender_tensors,
     source_buffers,
 )
+from rft_hpc.sync.fabric_delta import DeltaSender, HeldVersion, chunks
+
+log = logging.getLogger(__name__)
 
 GENERATION_FILE = "GENERATION"
 _WINDOW = 4  # broadcasts in flight: the next bucket is packed while one travels
@@ -159,13 +166,15 @@ class CollectiveSender:
     transfer (and building a group), `join_timeout` how long a new generation waits for
     missing receivers before it goes ahead without them (after a failed sync, at least
     `timeout` + 2 s: a surviving receiver, with the same `timeout`, may take that long to
-    notice the failure and come back).
+    notice the failure and come back). With `full_every` K > 1 (`sync.full_every`) versions
+    go as deltas but for every K-th (`rft_hpc.sync.fabric_delta`); `last_form` says how the
+    last one went: "whole", "delta", or "delta+whole" (a receiver could not use the delta).
     """
 
     def __init__(self, folder: str | Path, receivers: int, *, backend: str = "gloo",
                  device: str | torch.device | None = None, timeout: float = 120.0,
                  join_timeout: float = 30.0, bucket_mb: float = DEFAULT_BUCKET_MB,
-                 checksum: bool = False, poll: float = 0.02) -> None:
+                 checksum: bool = False, poll: float = 0.02, full_every: int = 1) -> None:
         if receivers < 1:
             raise ValueError(f"need at least one receiver, got {receivers}")
         self.folder = Path(folder)
@@ -181,6 +190,10 @@ class CollectiveSender:
         self._joins = 0
         self._failed_deadline = 0.0
         self._layouts: set[str] = set()
+        self._delta = DeltaSender(full_every)
+        self.last_form = ""
+        self.wire_bytes = 0
+        """Bytes of weights (whole pieces and delta) the last send broadcast."""
 
     @property
     def generation(self) -> int | None:
@@ -203,17 +216,32 @@ class CollectiveSender:
         crc = crc32_of(source_buffers(pieces, tensors)) if self.checksum else None
         digest = layout.digest()
         try:
+            delta = self._delta.prepare(state_dict, version)
             if digest not in self._layouts:
                 group.store.set(f"layout/{digest}", layout.to_json())
                 self._layouts.add(digest)
             self._announce(group, {"kind": "data", "version": version, "layout": digest,
-                                   "bytes": layout.total_bytes, "crc32": crc})
+                                   "bytes": layout.total_bytes, "crc32": crc,
+                                   "keep": self._delta.keep,
+                                   "delta": None if delta is None else delta.header})
             deadline = time.monotonic() + self.timeout
             assert group.pg is not None
+            self.wire_bytes = 0
+            if delta is not None:
+                data = delta.data.to(self.device)
+                _transfer(group.pg, chunks(data, self.bucket_bytes), deadline, version)
+                self.wire_bytes += data.numel()
+                if _agree(group.pg, True, self.device, deadline, version):
+                    self.last_form = "delta"
+                    return list(self.members)
+                log.info("v%d: a receiver could not apply the delta: sent whole too", version)
             _transfer(group.pg, source_buffers(pieces, tensors), deadline, version)
+            self.wire_bytes += layout.total_bytes
             if not _agree(group.pg, True, self.device, deadline, version):
                 raise SyncFailed(f"a receiver's checksum of v{version} did not match", version)
+            self.last_form = "whole" if delta is None else "delta+whole"
         except BaseException:
+            self._delta.restart()
             self._fail()
             raise
         return list(self.members)
@@ -296,6 +324,8 @@ class CollectiveReceiver:
         self._token = ""
         self._layouts: dict[str, Layout] = {}
         self.pool = BufferPool()
+        self.held = HeldVersion()
+        """A copy of the last version received, when the sender sends deltas."""
 
     def give_back(self, state_dict: Mapping[str, torch.Tensor]) -> None:
         """Receive a later version into the buffers of `state_dict` (a dict `receive`
@@ -367,12 +397,25 @@ class CollectiveReceiver:
             pieces = plan(layout)
             dest = self.pool.get(layout, pieces, self.device)
             assert group.pg is not None
+            if message["delta"] is not None:
+                header = message["delta"]
+                data = torch.empty(sum(header["bytes"]), dtype=torch.uint8, device=self.device)
+                _transfer(group.pg, chunks(data, layout.bucket_bytes), deadline, version)
+                ok = self.held.apply(version, layout, header, data)
+                if _agree(group.pg, ok, self.device, deadline, version):
+                    self.held.copy_into(dest)
+                    return version, self.pool.lend(dest)
             _transfer(group.pg, dest.buffers, deadline, version)
             ok = message["crc32"] is None or crc32_of(dest.buffers) == message["crc32"]
             if not _agree(group.pg, ok, self.device, deadline, version):
                 raise SyncFailed(f"v{version}: checksum mismatch on "
                                  f"{'this' if not ok else 'another'} receiver", version)
+            if message["keep"]:
+                self.held.keep(version, layout, [t for t in dest.tensors if t is not None])
+            else:
+                self.held.drop()
         except BaseException as e:
+            self.held.drop()
             self._leave()
             if isinstance(e, SyncFailed | KeyboardInterrupt):
                 raise

@@ -29,7 +29,8 @@ import torch
 
 from rft_hpc.sync.storage import dtype_name
 
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2
+"""The fabric protocol's version (docs/weights-format.md): 2 added delta versions."""
 DEFAULT_BUCKET_MB = 64.0
 
 
@@ -44,6 +45,14 @@ class SyncFailed(RuntimeError):
     def __init__(self, message: str, version: int | None = None) -> None:
         super().__init__(message)
         self.version = version
+
+
+def check_protocol(version: int) -> None:
+    """`SyncFailed` with a clear message unless the sender speaks this `PROTOCOL_VERSION`."""
+    if version != PROTOCOL_VERSION:
+        raise SyncFailed(f"the sender speaks fabric sync protocol {version}, this rft-hpc "
+                         f"{PROTOCOL_VERSION}: run the same rft-hpc version on the trainer "
+                         "and the explorers")
 
 
 @dataclass(frozen=True)
@@ -69,11 +78,9 @@ class Layout:
 
     @classmethod
     def from_json(cls, data: bytes) -> Layout:
-        """Parse `to_json`'s output; `SyncFailed` for a newer protocol."""
+        """Parse `to_json`'s output; `SyncFailed` for a layout of another protocol version."""
         obj = json.loads(data)
-        if obj.get("protocol", 0) > PROTOCOL_VERSION:
-            raise SyncFailed(f"sender speaks sync protocol {obj['protocol']}, this rft-hpc "
-                             f"{PROTOCOL_VERSION}: upgrade rft-hpc")
+        check_protocol(obj.get("protocol", 0))
         return cls(tuple((n, d, tuple(s)) for n, d, s in obj["tensors"]), obj["bucket_bytes"])
 
     def digest(self) -> str:

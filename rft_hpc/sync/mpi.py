@@ -11,10 +11,13 @@ Two ways to meet (docs/weights-format.md, "Fabric sync"):
   once, so a dead program breaks only its own link.
 
 The protocol on one intracomm (root = the sender): an announcement (`Ibcast` of 6 int64:
-magic, kind, version, layout bytes, data bytes, crc32 or -1), the layout JSON when it changed,
-the pieces of `fabric.plan` (`Ibcast` of numpy views of the tensors: big tensors in place),
-then an `Iallreduce(MIN)` of every rank's verdict. Every wait polls `Test` against a deadline,
-so a dead or stuck peer gives `SyncFailed` after `timeout` instead of a hang.
+magic (with the protocol version), kind, version, layout bytes, info bytes, data bytes), the
+layout JSON when it changed, the info JSON ({crc32, keep, delta}), then, for a delta, its
+bytes and an `Iallreduce(MIN)` of every rank's verdict (done when all applied it), else or
+when one could not, the pieces of `fabric.plan` (`Ibcast` of numpy views of the tensors: big
+tensors in place) and an `Iallreduce(MIN)` of every rank's verdict. Every wait polls `Test`
+against a deadline, so a dead or stuck peer gives `SyncFailed` after `timeout` instead of a
+hang.
 
 What MPI cannot recover: a pending collective can be neither cancelled nor completed once a
 peer is gone, so a link (or a world) that failed is abandoned for good: its requests and
@@ -28,6 +31,7 @@ dies before connecting stalls only that thread (and MPI_Finalize at exit).
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import threading
 import time
@@ -42,17 +46,21 @@ from mpi4py import MPI
 from rft_hpc.core.rundir import atomic_write_text
 from rft_hpc.sync.fabric import (
     DEFAULT_BUCKET_MB,
+    PROTOCOL_VERSION,
     BufferPool,
     Layout,
     SyncFailed,
+    check_protocol,
     crc32_of,
     plan,
     sender_tensors,
     source_buffers,
 )
+from rft_hpc.sync.fabric_delta import DeltaSender, HeldVersion, chunks
 
 PORT_FILE = "PORT"
-_MAGIC = 0x52465453594E43  # "RFTSYNC"
+_MAGIC_V1 = 0x52465453594E43  # "RFTSYNC": protocol 1
+_MAGIC = _MAGIC_V1 << 8 | PROTOCOL_VERSION  # "RFTSYNC" and the protocol version
 _DATA, _CLOSE = 1, 2
 _WINDOW = 4
 _CPU = torch.device("cpu")
@@ -61,6 +69,16 @@ _ABANDONED: list[_Link] = []  # failed links keep their buffers: MPI may still t
 
 def _np(t: torch.Tensor) -> np.ndarray:
     return t.numpy()
+
+
+def check_magic(magic: int) -> None:
+    """`SyncFailed` unless `magic` opens an announcement of this protocol version."""
+    if magic >> 8 == _MAGIC_V1:
+        check_protocol(magic & 0xFF)
+    elif magic == _MAGIC_V1:
+        check_protocol(1)
+    elif magic != _MAGIC:
+        raise SyncFailed(f"not an rft-hpc sync announcement (magic {magic:#x})")
 
 
 class _Link:
@@ -123,14 +141,47 @@ def _drain(links: list[_Link], deadline: float, keep: int = 0, spin: bool = True
             time.sleep(poll)
 
 
+def _broadcast(links: list[_Link], buffers: list[np.ndarray], deadline: float) -> list[bool]:
+    """Broadcast `buffers` on every link (each advancing on its own: a dead peer stalls only
+    its link until the deadline), then all-reduce the verdicts; True where all ranks of a
+    healthy link said ok."""
+    cursor = dict.fromkeys(range(len(links)), 0)
+    while True:
+        for k, link in enumerate(links):
+            while link.error is None and cursor[k] < len(buffers) and \
+                    len(link.pending) <= _WINDOW:
+                link.post(link.comm.Ibcast(buffers[cursor[k]], root=link.root))
+                cursor[k] += 1
+        active = [link for k, link in enumerate(links)
+                  if link.error is None and cursor[k] < len(buffers)]
+        if not active:
+            break
+        _drain(active, deadline, keep=_WINDOW, any_progress=True)
+    flags = []
+    for link in links:
+        one = np.ones(1, np.int64)
+        flags.append(np.zeros(1, np.int64))
+        link.post(link.comm.Iallreduce(one, flags[-1], op=MPI.MIN), one, flags[-1])
+    _drain(links, deadline)
+    return [link.error is None and flag[0] == 1 for link, flag in zip(links, flags, strict=True)]
+
+
 class MpiSender:
-    """Sends versions to the other ranks of `comm` (one MPI world), from rank `root`."""
+    """Sends versions to the other ranks of `comm` (one MPI world), from rank `root`.
+
+    With `full_every` K > 1 (`sync.full_every`) versions go as deltas but for every K-th
+    (`rft_hpc.sync.fabric_delta`); `last_form` says how the last one went: "whole", "delta",
+    or "delta+whole" (a link's receiver could not use the delta: that link got it whole).
+    """
 
     def __init__(self, comm: MPI.Intracomm, *, root: int = 0, timeout: float = 120.0,
-                 bucket_mb: float = DEFAULT_BUCKET_MB, checksum: bool = False) -> None:
+                 bucket_mb: float = DEFAULT_BUCKET_MB, checksum: bool = False,
+                 full_every: int = 1) -> None:
         self.timeout, self.checksum = timeout, checksum
         self.bucket_bytes = max(1, round(bucket_mb * 2**20))
         self.links = [_Link(comm, root, "world")]
+        self._delta = DeltaSender(full_every)
+        self.last_form = ""
 
     def send(self, state_dict: Mapping[str, torch.Tensor], version: int) -> list[str]:
         """Broadcast `state_dict` as `version` on every healthy link; returns their names.
@@ -145,42 +196,38 @@ class MpiSender:
         layout = Layout.of(state_dict, self.bucket_bytes)
         pieces = plan(layout)
         tensors = sender_tensors(state_dict, _CPU)
-        crc = crc32_of(source_buffers(pieces, tensors)) if self.checksum else -1
+        crc = crc32_of(source_buffers(pieces, tensors)) if self.checksum else None
+        delta = self._delta.prepare(state_dict, version)
+        info = np.frombuffer(json.dumps({
+            "crc32": crc, "keep": self._delta.keep,
+            "delta": None if delta is None else delta.header}).encode(), dtype=np.uint8)
         blob = np.frombuffer(layout.to_json(), dtype=np.uint8)
         digest = layout.digest()
         deadline = time.monotonic() + self.timeout
         for link in links:
             size = 0 if link.layout == digest else blob.size
-            head = np.array([_MAGIC, _DATA, version, size, layout.total_bytes, crc], np.int64)
+            head = np.array([_MAGIC, _DATA, version, size, info.size, layout.total_bytes],
+                            np.int64)
             link.post(link.comm.Ibcast(head, root=link.root), head)
             if size:
                 link.post(link.comm.Ibcast(blob, root=link.root), blob)
+            link.post(link.comm.Ibcast(info, root=link.root), info)
             link.layout = digest
-        # Each link advances on its own: a dead peer stalls only its link until the deadline.
-        buffers = [_np(b) for b in source_buffers(pieces, tensors)]
-        cursor = dict.fromkeys(range(len(links)), 0)
-        while True:
-            for k, link in enumerate(links):
-                while link.error is None and cursor[k] < len(buffers) and \
-                        len(link.pending) <= _WINDOW:
-                    link.post(link.comm.Ibcast(buffers[cursor[k]], root=link.root))
-                    cursor[k] += 1
-            active = [link for k, link in enumerate(links)
-                      if link.error is None and cursor[k] < len(buffers)]
-            if not active:
-                break
-            _drain(active, deadline, keep=_WINDOW, any_progress=True)
-        flags = []
-        for link in links:
-            one = np.ones(1, np.int64)
-            flags.append(np.zeros(1, np.int64))
-            link.post(link.comm.Iallreduce(one, flags[-1], op=MPI.MIN), one, flags[-1])
-        _drain(links, deadline)
-        for link, flag in zip(links, flags, strict=True):
-            if link.error is None and flag[0] != 1:
-                link.error = "a receiver's checksum did not match"
+        whole = links
+        if delta is not None:
+            ok = _broadcast(links, [_np(b) for b in chunks(delta.data, self.bucket_bytes)],
+                            deadline)
+            whole = [link for link, good in zip(links, ok, strict=True)
+                     if link.error is None and not good]
+        if whole:
+            buffers = [_np(b) for b in source_buffers(pieces, tensors)]
+            for link, good in zip(whole, _broadcast(whole, buffers, deadline), strict=True):
+                if link.error is None and not good:
+                    link.error = "a receiver's checksum did not match"
+        self.last_form = "whole" if delta is None else "delta+whole" if whole else "delta"
         failed = [f"{link.name}: {link.error}" for link in links if link.error is not None]
         if failed:
+            self._delta.restart()
             raise SyncFailed(f"v{version} failed on {len(failed)} of {len(links)} links: "
                              + "; ".join(failed), version)
         return [link.name for link in links]
@@ -189,7 +236,7 @@ class MpiSender:
         """Tell the receivers that no more versions come (best effort, bounded)."""
         links = [link for link in self.links if link.error is None]
         for link in links:
-            head = np.array([_MAGIC, _CLOSE, -1, 0, 0, -1], np.int64)
+            head = np.array([_MAGIC, _CLOSE, -1, 0, 0, 0], np.int64)
             link.post(link.comm.Ibcast(head, root=link.root), head)
         _drain(links, time.monotonic() + min(self.timeout, 5.0))
         for link in links:
@@ -205,6 +252,8 @@ class MpiReceiver:
         self.timeout, self.poll = timeout, poll
         self.closed = False
         self.pool = pool or BufferPool()
+        self.held = HeldVersion()
+        """A copy of the last version received, when the sender sends deltas."""
         self._head = np.zeros(6, np.int64)
         self._layout: Layout | None = None
 
@@ -233,47 +282,79 @@ class MpiReceiver:
             return None
         if link.error is not None:
             raise SyncFailed(f"waiting for an announcement: {link.error}")
-        magic, kind, version, size, total, crc = (int(x) for x in self._head)
-        if magic != _MAGIC:
+        magic, kind, version, size, info_size, total = (int(x) for x in self._head)
+        try:
+            check_magic(magic)
+        except SyncFailed:
             link.error = "protocol error"
-            raise SyncFailed(f"not an rft-hpc sync announcement (magic {magic:#x})")
+            raise
         if kind == _CLOSE:
             link.error = "closed by the sender"
             self.closed = True
             raise SyncFailed("the sender closed the link")
-        return self._receive(version, size, total, crc)
+        try:
+            return self._receive(version, size, info_size, total)
+        except BaseException:
+            self.held.drop()
+            raise
 
-    def _receive(self, version: int, size: int, total: int,
-                 crc: int) -> tuple[int, dict[str, torch.Tensor]]:
+    def _receive(self, version: int, size: int, info_size: int,
+                 total: int) -> tuple[int, dict[str, torch.Tensor]]:
         link = self.link
         deadline = time.monotonic() + self.timeout
+        blob, info = np.empty(size, np.uint8), np.empty(info_size, np.uint8)
         if size:
-            blob = np.empty(size, np.uint8)
             link.post(link.comm.Ibcast(blob, root=link.root), blob)
-            _drain([link], deadline)
-            if link.error is None:
-                self._layout = Layout.from_json(blob.tobytes())
+        link.post(link.comm.Ibcast(info, root=link.root), info)
+        _drain([link], deadline)
+        if link.error is None and size:
+            self._layout = Layout.from_json(blob.tobytes())
         if link.error is None and (self._layout is None or self._layout.total_bytes != total):
             link.error = "protocol error: announcement does not match the layout"
         if link.error is not None:
             raise SyncFailed(f"v{version}: {link.error}", version)
         assert self._layout is not None
-        pieces = plan(self._layout)
-        dest = self.pool.get(self._layout, pieces, _CPU)
-        for buf in dest.buffers:
+        layout, message = self._layout, json.loads(info.tobytes())
+        dest = self.pool.get(layout, plan(layout), _CPU)
+        if message["delta"] is not None:
+            header = message["delta"]
+            data = torch.empty(sum(header["bytes"]), dtype=torch.uint8)
+            self._pieces(chunks(data, layout.bucket_bytes), deadline)
+            ok = link.error is None and self.held.apply(version, layout, header, data)
+            if self._verdict(ok, deadline, version):
+                self.held.copy_into(dest)
+                return version, self.pool.lend(dest)
+        self._pieces(dest.buffers, deadline)
+        crc = message["crc32"]
+        ok = link.error is None and (crc is None or crc32_of(dest.buffers) == crc)
+        if not self._verdict(ok, deadline, version):
+            link.error = "checksum mismatch"
+            raise SyncFailed(f"v{version}: {link.error}", version)
+        if message["keep"]:
+            self.held.keep(version, layout, [t for t in dest.tensors if t is not None])
+        else:
+            self.held.drop()
+        return version, self.pool.lend(dest)
+
+    def _pieces(self, buffers: list[torch.Tensor], deadline: float) -> None:
+        """Receive the broadcasts of `buffers` (a window of them in flight)."""
+        link = self.link
+        for buf in buffers:
             link.post(link.comm.Ibcast(_np(buf), root=link.root), buf)
             _drain([link], deadline, keep=_WINDOW)
         _drain([link], deadline)
-        ok = link.error is None and (crc < 0 or crc32_of(dest.buffers) == crc)
+
+    def _verdict(self, ok: bool, deadline: float, version: int) -> bool:
+        """All-reduce (MIN) this rank's verdict: True when every rank said ok; `SyncFailed`
+        when the link failed."""
+        link = self.link
         flag = np.zeros(1, np.int64)
         mine = np.array([1 if ok else 0], np.int64)
         link.post(link.comm.Iallreduce(mine, flag, op=MPI.MIN), mine, flag)
         _drain([link], deadline)
-        if link.error is None and flag[0] != 1:
-            link.error = "checksum mismatch"
         if link.error is not None:
             raise SyncFailed(f"v{version}: {link.error}", version)
-        return version, self.pool.lend(dest)
+        return bool(flag[0] == 1)
 
     def close(self) -> None:
         """Stop using the communicator (a pending announcement is abandoned, not freed)."""
@@ -289,9 +370,9 @@ class MpiPortSender(MpiSender):
 
     def __init__(self, folder: str | Path, *, timeout: float = 120.0,
                  bucket_mb: float = DEFAULT_BUCKET_MB, checksum: bool = False,
-                 poll: float = 0.05) -> None:
+                 poll: float = 0.05, full_every: int = 1) -> None:
         super().__init__(MPI.COMM_SELF, timeout=timeout, bucket_mb=bucket_mb,
-                         checksum=checksum)
+                         checksum=checksum, full_every=full_every)
         self.links = []
         self.folder = Path(folder)
         self.folder.mkdir(parents=True, exist_ok=True)

@@ -11,7 +11,8 @@ at the end, once an explorer has finished (it no longer listens), and whenever t
 has waited `sync.idle_publish` seconds for data: an explorer that (re)started after the last
 broadcast then finds the current weights on the filesystem. With `sync.full_every` > 1 the
 files of a whole model's version are a delta against the files version before, but for every
-`full_every`-th and those an evaluator scores (docs/weights-format.md).
+`full_every`-th and those an evaluator scores, and over the fabric a version goes as a delta
+against the one broadcast before, but for every `full_every`-th (docs/weights-format.md).
 """
 
 from __future__ import annotations
@@ -55,6 +56,8 @@ class WeightPublisher:
         self.method = config.sync.method
         self.device = device
         self.fallbacks = 0
+        self.fabric_deltas = 0
+        """Versions that went over the fabric as deltas (every explorer applied them)."""
         self.files_version = latest_weights_version(run.weights)
         """The newest version written as files, or being written in the background."""
         self._sender: Any = None
@@ -65,7 +68,7 @@ class WeightPublisher:
     def publish(self, state_dict: Mapping[str, torch.Tensor], version: int) -> dict[str, float]:
         """Send `version` to the explorers; returns the sync's metrics (`sync_seconds`: the
         trainer's time in it; with background writes, `sync_write_seconds`: the last
-        finished write's)."""
+        finished write's; with nccl/mpi, `sync_fabric_deltas`: versions sent as deltas)."""
         t0 = time.monotonic()
         values = {}
         if self._writer is not None and self.files_version != version:
@@ -75,6 +78,8 @@ class WeightPublisher:
         elif self.method == "checkpoint" or self._an_explorer_finished() or not self._send(
                 state_dict, version):
             self.write_files(state_dict, version)
+        if self.method != "checkpoint":
+            values["sync_fabric_deltas"] = float(self.fabric_deltas)
         return {**values, "sync_seconds": time.monotonic() - t0,
                 "sync_fallbacks": float(self.fallbacks)}
 
@@ -104,7 +109,9 @@ class WeightPublisher:
 
     def _send(self, state_dict: Mapping[str, torch.Tensor], version: int) -> bool:
         try:
-            self._sender_for().send(state_dict, version)
+            sender = self._sender_for()
+            sender.send(state_dict, version)
+            self.fabric_deltas += sender.last_form == "delta"
             return True
         except SyncFailed as exc:
             self.fallbacks += 1
@@ -123,12 +130,14 @@ class WeightPublisher:
             self._sender = CollectiveSender(folder, count, backend=fabric_backend(),
                                             device=self.device, timeout=sync.timeout,
                                             join_timeout=sync.timeout,
-                                            bucket_mb=sync.bucket_mb, checksum=sync.checksum)
+                                            bucket_mb=sync.bucket_mb, checksum=sync.checksum,
+                                            full_every=self._chain.full_every)
         else:
             from rft_hpc.sync.mpi import MpiPortSender
 
             self._sender = MpiPortSender(folder, timeout=sync.timeout,
-                                         bucket_mb=sync.bucket_mb, checksum=sync.checksum)
+                                         bucket_mb=sync.bucket_mb, checksum=sync.checksum,
+                                         full_every=self._chain.full_every)
             self._sender.wait_for_receivers(count, sync.timeout)
         return self._sender
 

@@ -17,13 +17,15 @@ from helpers.slurm_runs import rft as rft_slurm
 from rft_hpc.monitor.metrics import read_metrics
 
 
-def fabric_carried_the_weights(stage: Path, steps: int) -> None:
+def fabric_carried_the_weights(stage: Path, steps: int, deltas: bool = False) -> None:
     """Every version reached the explorers without files: no fallback, and weights were
     written as files only at the very end (the final version, and those published once an
-    explorer had finished its last step and stopped listening)."""
+    explorer had finished its last step and stopped listening); with `deltas`, some of them
+    went as deltas."""
     trained = [r for r in read_metrics(stage / "metrics" / "trainer.jsonl") if "loss" in r]
     assert [r["step"] for r in trained] == list(range(1, steps + 1))
     assert trained[-1]["sync_fallbacks"] == 0
+    assert (trained[-1]["sync_fabric_deltas"] > 0) == deltas
     files = sorted(int(p.name[1:]) for p in (stage / "weights").glob("v*"))
     assert files[-1] == steps and files[0] >= steps - 2, files
     for i in range(2):
@@ -34,12 +36,14 @@ def fabric_carried_the_weights(stage: Path, steps: int) -> None:
 @pytest.mark.parametrize("method", ["nccl", "mpi"])
 def test_the_demo_runs_with_each_fabric_method(tmp_path: Path, tiny_model: Path,
                                               method: str) -> None:
+    """With delta versions (`sync.full_every` 3): every third goes whole."""
     result = rft("run", DEMO, *short(tmp_path, tiny_model, "--set", "stages=[]",
                                      "--set", "trainer.steps=10", "--set", f"sync.method={method}",
-                                     "--set", "sync.timeout=60", "--set", "sync.checksum=true"),
+                                     "--set", "sync.timeout=60", "--set", "sync.checksum=true",
+                                     "--set", "sync.full_every=3"),
                  timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
-    fabric_carried_the_weights(tmp_path / "demo" / "stages" / "0-main", 10)
+    fabric_carried_the_weights(tmp_path / "demo" / "stages" / "0-main", 10, deltas=True)
 
 
 @pytest.mark.parametrize("method", ["nccl", "mpi"])

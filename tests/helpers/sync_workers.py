@@ -6,6 +6,7 @@ MPI tests, whose ranks are started by mpiexec.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import signal
@@ -49,6 +50,67 @@ def digests(state: dict[str, torch.Tensor]) -> dict[str, list]:
         data = t.detach().contiguous().reshape(-1).view(torch.uint8).numpy()
         out[name] = [str(t.dtype), list(t.shape), zlib.crc32(memoryview(data))]
     return out
+
+
+def adamw_states(count: int) -> list[dict[str, torch.Tensor]]:
+    """`count` versions of `state_for(1)`'s model, each one AdamW step (lr 1e-3, random
+    gradients) after the one before: float tensors from float32 master weights, rounded to
+    their dtype; the int64 one counts up; the others stay. Deterministic."""
+    first = state_for(1)
+    params = {n: t.float().clone().requires_grad_() for n, t in first.items()
+              if t.is_floating_point() and t.numel()}
+    opt = torch.optim.AdamW(params.values(), lr=1e-3)
+    g = torch.Generator().manual_seed(0)
+    states = []
+    for v in range(count):
+        states.append({n: params[n].detach().to(t.dtype, copy=True) if n in params else
+                       t + v if t.dtype == torch.int64 else t.clone()
+                       for n, t in first.items()})
+        for p in params.values():
+            p.grad = torch.randn(p.shape, generator=g)
+        opt.step()
+    return states
+
+
+def raw(state: dict[str, torch.Tensor]) -> dict[str, list]:
+    """Name -> [dtype, shape, raw bytes]: a received state as it can cross a queue."""
+    return {n: [str(t.dtype), list(t.shape), t.detach().contiguous().reshape(-1)
+                .view(torch.uint8).numpy().tobytes()] for n, t in state.items()}
+
+
+def sha(state: dict[str, torch.Tensor]) -> dict[str, list]:
+    """Name -> [dtype, shape, SHA-256 of the raw bytes]: equal exactly when bit-identical."""
+    return {n: [d, s, hashlib.sha256(b).hexdigest()] for n, (d, s, b) in raw(state).items()}
+
+
+def spoil(receiver, how: str) -> None:
+    """Make a receiver's held copy useless as a delta base: `flip` one bit of a tensor (the
+    version number stays: only the checksums tell), or `forget` it (a restarted receiver)."""
+    if how == "flip":
+        data = receiver.held.tensors[0].reshape(-1).view(torch.uint8)
+        data[7] ^= 1
+    else:
+        receiver.held.drop()
+
+
+def delta_receiver(folder: str, rid: int, last: int, queue,
+                   spoils: dict[int, str] | None = None) -> None:
+    """A gloo receiver that reports each version's raw bytes, and spoils its held copy
+    after the versions in `spoils` (see `spoil`)."""
+    from rft_hpc.sync.collective import CollectiveReceiver
+
+    r = CollectiveReceiver(folder, rid, backend="gloo", timeout=10, poll=0.01)
+    while True:
+        got = r.receive(wait=60)
+        assert got is not None
+        version, state = got
+        queue.put([rid, version, raw(state)])
+        r.give_back(state)
+        if spoils and version in spoils:
+            spoil(r, spoils[version])
+        if version >= last:
+            break
+    r.close()
 
 
 def receive_loop(receiver, last: int, report, wait: float = 60.0) -> None:
@@ -112,6 +174,7 @@ def reusing_receiver(folder: str, queue) -> None:
 
 def _mpi_main(argv: list[str]) -> int:
     """`sync_workers.py <mode> <out.jsonl> [args]`: an MPI participant writing JSON lines."""
+    import numpy as np
     from mpi4py import MPI
 
     from rft_hpc.sync import mpi as msync
@@ -134,6 +197,30 @@ def _mpi_main(argv: list[str]) -> int:
         else:
             r = msync.MpiReceiver(comm, timeout=20)
             receive_loop(r, n, lambda item: report([comm.rank, *item]))
+        return 0
+    if mode == "world-delta":  # `adamw_states(n)` with full_every k; rank 2 spoils its copy
+        n, k = int(argv[2]), int(argv[3])  # after v2 (flip) and v4 (forget); then a v1 head
+        comm, states = MPI.COMM_WORLD, adamw_states(n)
+        if comm.rank == 0:
+            s = msync.MpiSender(comm, timeout=20, bucket_mb=0.25, full_every=k)
+            for v, state in enumerate(states, start=1):
+                s.send(state, v)
+                report(["sent", v, s.last_form])
+            old = np.array([msync._MAGIC_V1, 1, n + 1, 0, 0, -1], np.int64)  # protocol 1
+            comm.Ibcast(old, root=0).Wait()  # (a blocking Bcast never matches an Ibcast)
+        else:
+            r = msync.MpiReceiver(comm, timeout=20)
+            for _ in range(n):
+                got = r.receive(wait=60)
+                assert got is not None
+                report([comm.rank, got[0], sha(got[1])])
+                r.give_back(got[1])
+                if comm.rank == 2 and got[0] in (2, 4):
+                    spoil(r, "flip" if got[0] == 2 else "forget")
+            try:
+                r.receive(wait=60)
+            except SyncFailed as e:
+                report([comm.rank, "refused", str(e)])
         return 0
     folder = argv[2]
     if mode == "port-sender":  # versions 1..n; before version v, wait for need[v-1] links

@@ -2,7 +2,7 @@
 """Benchmark rft-hpc's weight sync against the raw transports, in one run.
 
     python tools/bench/sync.py [--dir DIR] [--sizes 1 4] [--receivers 2] [--repeat 3]
-                               [--delta [--only-delta] [--delta-steps 5]]
+                               [--delta [--only-delta] [--delta-steps 5]] [--fabric-delta]
 
 For each state-dict size (GB; `--sizes 0.25` for a quick run) it measures, with one sender
 and `--receivers` receivers (separate processes on this host):
@@ -28,6 +28,13 @@ With `--delta` it adds the delta rows (tools/bench/sync_delta.py): bytes, publis
 seconds of delta versions (`sync.full_every` > 1) against whole ones, for the demo's tiny
 model and a ~79 M parameter model trained `--delta-steps` steps with AdamW at lr 1e-5, in
 bfloat16 and float32. They print ratios and have no target.
+
+With `--fabric-delta` it adds the fabric delta rows (tools/bench/sync_fabric_delta.py): bytes
+broadcast and the sender's seconds of delta versions over gloo (`sync.full_every` > 1 with
+`nccl`) against whole ones, for the demo's tiny model in bfloat16 and float32 (`--delta-steps`
+versions). `--only-delta` skips the transport and disk rows: it runs the fabric delta rows
+when `--fabric-delta` is given, the files delta rows when `--delta` is or it is not. Ratios,
+no target.
 """
 
 from __future__ import annotations
@@ -211,13 +218,20 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--delta", action="store_true", help="add the delta-version rows")
     p.add_argument("--only-delta", action="store_true", help="only the delta-version rows")
     p.add_argument("--delta-steps", type=int, default=5, help="trainer steps (versions)")
+    p.add_argument("--fabric-delta", action="store_true",
+                   help="add the fabric (gloo) delta rows")
     args = p.parse_args(argv)
-    if args.delta or args.only_delta:
+    files_rows = args.delta or (args.only_delta and not args.fabric_delta)
+    if args.fabric_delta:
+        import sync_fabric_delta
+    if files_rows:
         import sync_delta
-
-        if args.only_delta:
+    if args.only_delta:
+        if files_rows:
             sync_delta.run(args.delta_steps, list(sync_delta.MODELS))
-            return 0
+        if args.fabric_delta:
+            sync_fabric_delta.run(args.delta_steps)
+        return 0
     args.dir.mkdir(parents=True, exist_ok=True)
     passed = True
     print(f"{'size GB':>8} {'method':<11} {'raw s/GB':>9} {'rft s/GB':>9} {'ratio':>6} "
@@ -240,6 +254,8 @@ def main(argv: list[str] | None = None) -> int:
                   f"{TARGETS[method]:>7} {'PASS' if ok else 'FAIL'}")
     if args.delta:
         sync_delta.run(args.delta_steps, list(sync_delta.MODELS))
+    if args.fabric_delta:
+        sync_fabric_delta.run(args.delta_steps)
     return 0 if passed else 1
 
 
