@@ -34,7 +34,7 @@ def build_receiver(config: ExperimentConfig, run: RunDir, index: int) -> Any:
 
         return BackgroundReceiver(CollectiveReceiver(folder, index, backend=fabric_backend(),
                                                      timeout=sync.timeout))
-    from rft_hpc.sync.mpi import MpiPortReceiver
+    from rft_hpc.sync.mpi_port import MpiPortReceiver
 
     return BackgroundReceiver(MpiPortReceiver(folder, index, timeout=sync.timeout))
 

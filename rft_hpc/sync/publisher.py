@@ -133,7 +133,7 @@ class WeightPublisher:
                                             bucket_mb=sync.bucket_mb, checksum=sync.checksum,
                                             full_every=self._chain.full_every)
         else:
-            from rft_hpc.sync.mpi import MpiPortSender
+            from rft_hpc.sync.mpi_port import MpiPortSender
 
             self._sender = MpiPortSender(folder, timeout=sync.timeout,
                                          bucket_mb=sync.bucket_mb, checksum=sync.checksum,

@@ -178,6 +178,7 @@ def _mpi_main(argv: list[str]) -> int:
     from mpi4py import MPI
 
     from rft_hpc.sync import mpi as msync
+    from rft_hpc.sync import mpi_port as mport
 
     mode, out = argv[0], Path(argv[1])
 
@@ -227,7 +228,7 @@ def _mpi_main(argv: list[str]) -> int:
         need = [int(x) for x in argv[3].split(",")]
         # 15 s: long enough for a live receiver on a loaded CI machine (at 5 s, a survivor
         # once missed v3 late in the suite), short enough to give up on the killed one
-        s = msync.MpiPortSender(folder, timeout=PORT_TIMEOUT, bucket_mb=0.25, checksum=True)
+        s = mport.MpiPortSender(folder, timeout=PORT_TIMEOUT, bucket_mb=0.25, checksum=True)
         for v, n in enumerate(need, start=1):
             s.wait_for_receivers(n, 60)
             try:
@@ -237,7 +238,7 @@ def _mpi_main(argv: list[str]) -> int:
         s.close()
     elif mode == "port-receiver":  # receive up to version `last`; die while receiving `die`
         rid, last = int(argv[3]), int(argv[4])
-        r = msync.MpiPortReceiver(folder, rid, timeout=PORT_TIMEOUT)
+        r = mport.MpiPortReceiver(folder, rid, timeout=PORT_TIMEOUT)
         if len(argv) > 5:
             die_on = int(argv[5])
 
