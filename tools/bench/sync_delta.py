@@ -23,22 +23,22 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 MODELS = ("demo", "79M")
 
 
-def _worker(model: Path, dtype: str, steps: int, folder: Path) -> dict:
-    """One (model, dtype) row, in a process of its own."""
+def trained_versions(model: Path, dtype: str, folder: Path) -> tuple[int, Iterator[dict]]:
+    """The model's parameter count, and the CPU state dicts of `model` in `dtype` after each
+    GRPO step at lr 1e-5 (AdamW, one thread, the same 4 rollouts of 32 tokens every step),
+    without end: what each bench row publishes."""
     import numpy as np
     import torch
 
     from rft_hpc.buffer.reader import Batch
     from rft_hpc.buffer.records import Experience
     from rft_hpc.config import ExperimentConfig
-    from rft_hpc.sync.checkpoint import load_weights, publish_weights, version_dir
-    from rft_hpc.sync.delta import DELTA_FILE
-    from rft_hpc.sync.storage import ReadBuffer, wait_for_deletions
     from rft_hpc.trainer.trainer import Trainer
 
     torch.set_num_threads(1)
@@ -50,12 +50,30 @@ def _worker(model: Path, dtype: str, steps: int, folder: Path) -> dict:
     records = [Experience(rng.integers(4, 20, 32), prompt_length=8, reward=float(i % 2),
                           group_id=0, logprobs=np.full(32, -3.0, dtype=np.float32))
                for i in range(4)]
+
+    def versions() -> Iterator[dict]:
+        while True:
+            trainer.step(Batch(records=list(records), weights=[1.0] * 4, uses=[0] * 4))
+            yield {n: t.detach().to("cpu", copy=True)
+                   for n, t in trainer.full_state_dict().items()}
+
+    return sum(p.numel() for p in trainer.model.parameters()), versions()
+
+
+def _worker(model: Path, dtype: str, steps: int, folder: Path) -> dict:
+    """One (model, dtype) row, in a process of its own."""
+    import torch
+
+    from rft_hpc.sync.checkpoint import load_weights, publish_weights, version_dir
+    from rft_hpc.sync.delta import DELTA_FILE
+    from rft_hpc.sync.storage import ReadBuffer, wait_for_deletions
+
+    parameters, versions = trained_versions(model, dtype, folder)
     whole_dir, delta_dir = folder / "whole", folder / "delta"
     buffer = ReadBuffer()
     prev, held, rows = None, None, []
     for version in range(1, steps + 1):
-        trainer.step(Batch(records=list(records), weights=[1.0] * 4, uses=[0] * 4))
-        state = {n: t.detach().to("cpu", copy=True) for n, t in trainer.full_state_dict().items()}
+        state = next(versions)
         t0 = time.perf_counter()
         publish_weights(whole_dir, state, version, keep=1)
         t1 = time.perf_counter()
@@ -82,7 +100,7 @@ def _worker(model: Path, dtype: str, steps: int, folder: Path) -> dict:
     for what in ("bytes", "publish", "apply"):
         med[f"{what}_ratio"] = statistics.median(r[f"delta_{what}"] / r[f"whole_{what}"]
                                                  for r in rows)
-    med["parameters"] = sum(p.numel() for p in trainer.model.parameters())
+    med["parameters"] = parameters
     return med
 
 

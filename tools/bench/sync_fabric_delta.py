@@ -49,29 +49,12 @@ def _receive(folder: str, count: int, queue) -> None:
 
 def _worker(model: Path, dtype: str, steps: int, folder: Path) -> dict:
     """One (model, dtype) row, in a process of its own."""
-    import numpy as np
-    import torch
+    from sync_delta import trained_versions
 
-    from rft_hpc.buffer.reader import Batch
-    from rft_hpc.buffer.records import Experience
-    from rft_hpc.config import ExperimentConfig
     from rft_hpc.sync.collective import CollectiveSender
-    from rft_hpc.trainer.trainer import Trainer
 
-    torch.set_num_threads(1)
-    config = ExperimentConfig.model_validate({
-        "run": {"root": str(folder), "seed": 0}, "model": {"path": str(model), "dtype": dtype},
-        "trainer": {"lr": 1e-5, "batch_size": 4}, "algorithm": {"algorithm_type": "grpo"}})
-    trainer = Trainer(config)
-    rng = np.random.default_rng(0)
-    records = [Experience(rng.integers(4, 20, 32), prompt_length=8, reward=float(i % 2),
-                          group_id=0, logprobs=np.full(32, -3.0, dtype=np.float32))
-               for i in range(4)]
-    states = []
-    for _ in range(steps):
-        trainer.step(Batch(records=list(records), weights=[1.0] * 4, uses=[0] * 4))
-        states.append({n: t.detach().to("cpu", copy=True)
-                       for n, t in trainer.full_state_dict().items()})
+    parameters, versions = trained_versions(model, dtype, folder)
+    states = [next(versions) for _ in range(steps)]
     ctx = multiprocessing.get_context("spawn")
     figures = {}
     for form, k in (("whole", 1), ("delta", steps)):
@@ -93,7 +76,7 @@ def _worker(model: Path, dtype: str, steps: int, folder: Path) -> dict:
         proc.join(60)
         figures[form] = (wire[1:], seconds[1:])
     (wb, ws), (db, ds) = figures["whole"], figures["delta"]
-    return {"parameters": sum(p.numel() for p in trainer.model.parameters()),
+    return {"parameters": parameters,
             "whole_bytes": statistics.median(wb), "delta_bytes": statistics.median(db),
             "bytes_ratio": statistics.median(d / w for d, w in zip(db, wb, strict=True)),
             "whole_s": statistics.median(ws), "delta_s": statistics.median(ds),
