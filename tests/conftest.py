@@ -39,7 +39,7 @@ def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
 
 
 # The files that take minutes, longest first (measured 2026-12-05 on 2 cores: 750, 520, 420,
-# 330, 255, 215, 215, 175 s of a 3-worker suite). They start first: under `--dist loadfile`
+# 330, 255, 215, 215, 175 s of a 4-worker suite). They start first: under `--dist loadfile`
 # a worker runs a whole file, and one of these begun late keeps one worker busy long after
 # the others ran out of work. A stale entry costs only time, never a test.
 LONG_FILES = ("test_real_workload.py", "test_chaos.py", "test_rl_algorithms_learn.py",
