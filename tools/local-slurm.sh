@@ -7,7 +7,9 @@
 #
 #   install  install the missing Debian packages only (slurm-wlm munge slurmdbd mariadb-server)
 #   start    install if needed, start every daemon, wait until the nodes are idle and sacct
-#            answers; a cluster that is already healthy is left alone (exit 0)
+#            answers; a cluster that is already healthy is left alone (exit 0). A cluster
+#            whose daemons were killed rather than stopped comes back empty, as after `stop`:
+#            the jobs its saved state still lists are cancelled (their processes are gone)
 #   stop     cancel all jobs, stop every daemon; --purge also removes the state folder
 #   status   each daemon and whether it is alive, then sinfo; exit 0 only if all are healthy
 #   env      the client environment:  eval "$(tools/local-slurm.sh env)"
@@ -449,6 +451,7 @@ cmd_start() {
   done
 
   check_ports_free
+  kill_stray_steps
 
   local t0=$SECONDS
   STARTING=1
@@ -466,17 +469,21 @@ cmd_start() {
     [ "$SECONDS" -lt "$deadline" ] || fail slurmdbd "sacct does not answer after ${TIMEOUT}s"
     sleep 0.1
   done
+  # The controller recovers from its saved state every job it had when its daemons were
+  # killed (a machine or sandbox that stopped without `stop`), and keeps them running or
+  # queued, holding their nodes' CPUs, though no process of theirs is left.
+  cancel_jobs "left from before the cluster was last killed"
   STARTING=0
   log "started in $((SECONDS - t0))s: SLURM_CONF=$SLURM_CONF_FILE"
   sinfo >&2
 }
 
-cancel_jobs() {  # cancel every job and wait until the queue is empty (slurmstepd outlive slurmd)
+cancel_jobs() {  # cancel_jobs [WHY]: cancel every job, wait until the queue is empty
   daemon_alive slurmctld && ctld_up || return 0
   local jobs
   jobs=$(squeue --noheader --all --format=%A 2>/dev/null | sort -u) || return 0
   [ -z "$jobs" ] && return 0
-  log "cancelling $(wc -w <<<"$jobs") job(s)"
+  log "cancelling $(wc -w <<<"$jobs") job(s)${1:+ $1}: $(tr '\n' ' ' <<<"$jobs")"
   # shellcheck disable=SC2086  # one argument per job id
   scancel $jobs 2>/dev/null || true
   # Cancelled jobs leave the queue within KillWait (5 s) unless a step ignores KILL, or the

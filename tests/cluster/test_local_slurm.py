@@ -8,8 +8,13 @@ message and the log tail that explains it.
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
+import socket
+import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -123,6 +128,82 @@ def test_jobs_of_the_default_qos_are_never_preempted(slurm_env: dict[str, str],
         assert "Restarts=0" in info, info
     finally:
         slurm(["scancel", normal, *([high] if high else [])], slurm_env)
+
+
+# ---------------------------------------------------------------------------------------------
+# A cluster of its own, for what the shared one must not go through
+
+
+def free_port_run(length: int) -> int:
+    """The first of ``length`` consecutive free TCP ports."""
+    while True:
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            first = probe.getsockname()[1]
+        if first + length > 65535:
+            continue
+        with contextlib.ExitStack() as held:
+            try:
+                for port in range(first, first + length):
+                    held.enter_context(socket.socket()).bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        return first
+
+
+def kill_every_process_of(slurm_conf: str) -> int:
+    """SIGKILL the processes whose environment names this SLURM_CONF (daemons' jobs and steps).
+
+    What a machine or sandbox that stops without `tools/local-slurm.sh stop` does.
+    """
+    killed = 0
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            environ = (entry / "environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if f"SLURM_CONF={slurm_conf}".encode() in environ:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(int(entry.name), signal.SIGKILL)
+                killed += 1
+    return killed
+
+
+def test_a_killed_cluster_restarts_without_the_jobs_it_had(tmp_path: Path) -> None:
+    # CI once ran the suite on a cluster whose daemons had been killed with jobs on n1: the
+    # controller recovered them from its saved state as running, with no process left, and
+    # every two-node job of the suite waited behind them until its timeout.
+    state = Path(tempfile.mkdtemp(prefix="rsk", dir="/tmp"))  # sockets: short paths
+    state.chmod(0o755)  # munged's socket folder must be searchable by all
+    ctld, dbd, slurmd = free_port_run(1), free_port_run(1), free_port_run(2)
+    env = {"RFT_SLURM_DIR": str(state), "RFT_SLURM_CTLD_PORT": str(ctld),
+           "RFT_SLURM_DBD_PORT": str(dbd), "RFT_SLURM_SLURMD_PORT": str(slurmd),
+           "SLURM_CONF": str(state / "etc" / "slurm.conf")}
+    try:
+        slurm([str(SCRIPT), "start"], env, timeout=300)
+        jobs = [sbatch(["-N2", "-n2", "--wrap", "srun sleep 300"], env, cwd=tmp_path),
+                sbatch(["--wrap", "sleep 300"], env, cwd=tmp_path)]
+        for job in jobs:
+            wait_until_running(job, env)
+        time.sleep(6)  # the controller saves its state within ~5 s of a change
+        for daemon in (state / "run").glob("*.pid"):
+            with contextlib.suppress(ProcessLookupError, ValueError):
+                os.kill(int(daemon.read_text()), signal.SIGKILL)
+        assert kill_every_process_of(env["SLURM_CONF"]) >= 2  # the steps and the sleeps
+
+        started = subprocess.run([str(SCRIPT), "start"], env={**os.environ, **env},
+                                 capture_output=True, text=True, timeout=300, check=False)
+        assert started.returncode == 0, started.stderr
+        assert f"cancelling 2 job(s) left from before the cluster was last killed: " \
+               f"{' '.join(sorted(jobs))}" in started.stderr, started.stderr
+        assert slurm(["squeue", "--noheader", "--all"], env).strip() == ""
+        both = sbatch(["-N2", "-n2", "--wrap", "srun true"], env, cwd=tmp_path)
+        assert wait_for_states(both, env) == {both: "COMPLETED"}
+    finally:
+        subprocess.run([str(SCRIPT), "stop", "--purge"], env={**os.environ, **env},
+                       capture_output=True, timeout=300, check=False)
 
 
 # ---------------------------------------------------------------------------------------------
