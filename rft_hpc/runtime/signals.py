@@ -13,8 +13,7 @@ from __future__ import annotations
 import signal
 from typing import Any
 
-STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR2)
-"""Signals that ask a role to stop at its next safe point."""
+from rft_hpc.core.forkserver import STOP_SIGNALS
 
 _early: list[int] = []
 

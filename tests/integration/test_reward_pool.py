@@ -84,3 +84,23 @@ def test_an_unimportable_reward_fails_each_call_with_the_reason():
     assert [o.score for o in outcomes] == [0.0, 0.0]
     assert all("cannot be imported: No module named 'gone_module_xyz'" in o.error
                for o in outcomes)
+
+
+def test_workers_and_their_fork_server_outlive_slurms_stop_signals():
+    # Slurm signals every process of a step (USR2 before the time limit, TERM at it): a role
+    # that is stopping still scores its last batch, so its workers must not die of them.
+    import multiprocessing.forkserver
+    import os
+    import signal
+
+    with RewardPool(workers=1, timeout=10.0) as pool:
+        assert [o.score for o in pool.score(calls("math_verify", n=2))] == [1.0, 1.0]
+        server = multiprocessing.forkserver._forkserver._forkserver_pid
+        worker = pool._workers[0].proc.pid
+        for sig in (signal.SIGUSR2, signal.SIGTERM, signal.SIGINT):
+            for pid in (server, worker):
+                os.kill(pid, sig)
+        time.sleep(0.5)
+        assert os.waitpid(server, os.WNOHANG) == (0, 0)  # still running
+        assert [o.score for o in pool.score(calls("math_verify", n=2))] == [1.0, 1.0]
+        assert pool.restarts == 0 and pool._workers[0].proc.pid == worker
