@@ -39,6 +39,11 @@ def slurm_environ(slurm_env: dict[str, str], monkeypatch: pytest.MonkeyPatch) ->
     yield
 
 
+NODE_FREE_S = 300.0
+"""How long a job that needs all of n1 may wait to start: the cluster is shared with the other
+test files' runs (xdist workers), whose jobs on n1 must end first (a minute or two)."""
+
+
 def wait_until_running(job_id: str, env: dict[str, str], timeout: float = 20.0) -> None:
     deadline = time.monotonic() + timeout
     while (lines := queued(job_id, env)) != [f"{job_id} RUNNING"]:
@@ -93,6 +98,7 @@ def test_scancel_removes_a_running_job(slurm_env: dict[str, str], tmp_path: Path
     assert wait_for_states(job, slurm_env) == {job: "CANCELLED"}
 
 
+@pytest.mark.timeout(2 * NODE_FREE_S + 60)
 def test_urgent_qos_preempts_and_requeues_a_preemptible_job(slurm_env: dict[str, str],
                                                              tmp_path: Path) -> None:
     # A job that needs the room of a --qos=preemptible job requeues it (it is not killed):
@@ -100,10 +106,11 @@ def test_urgent_qos_preempts_and_requeues_a_preemptible_job(slurm_env: dict[str,
     low = sbatch(["--qos=preemptible", "--nodelist=n1", "--exclusive", "--output=low.txt",
                   "--wrap", "sleep 300"], slurm_env, cwd=tmp_path)
     try:
-        wait_until_running(low, slurm_env)
+        wait_until_running(low, slurm_env, timeout=NODE_FREE_S)
         high = sbatch(["--qos=urgent", "--nodelist=n1", "--exclusive", "--output=high.txt",
                        "--wrap", "echo urgent"], slurm_env, cwd=tmp_path)
-        assert wait_for_states(high, slurm_env) == {high: "COMPLETED"}
+        # other files' jobs that came to n1 since are not preemptible: they end first
+        assert wait_for_states(high, slurm_env, timeout=NODE_FREE_S) == {high: "COMPLETED"}
         info = slurm(["scontrol", "show", "job", "--oneliner", low], slurm_env)
         assert "Restarts=1" in info and "Requeue=1" in info, info
     finally:
@@ -111,6 +118,7 @@ def test_urgent_qos_preempts_and_requeues_a_preemptible_job(slurm_env: dict[str,
     assert (tmp_path / "high.txt").read_text() == "urgent\n"
 
 
+@pytest.mark.timeout(2 * NODE_FREE_S + 60)
 def test_jobs_of_the_default_qos_are_never_preempted(slurm_env: dict[str, str],
                                                      tmp_path: Path) -> None:
     # Test sessions that share the cluster must not requeue each other's jobs.
@@ -118,7 +126,7 @@ def test_jobs_of_the_default_qos_are_never_preempted(slurm_env: dict[str, str],
                      "sleep 300"], slurm_env, cwd=tmp_path)
     high = None
     try:
-        wait_until_running(normal, slurm_env)
+        wait_until_running(normal, slurm_env, timeout=NODE_FREE_S)
         high = sbatch(["--qos=urgent", "--nodelist=n1", "--exclusive", "--output=high.txt",
                        "--wrap", "echo urgent"], slurm_env, cwd=tmp_path)
         time.sleep(3)  # preemption happens within ~1 s (sched_interval=1) when it happens
