@@ -12,7 +12,8 @@ step. It measures, each figure beside the limit it is held to, in the same run:
     core (pinned, 1 thread) and on all cores, back to back (medians of 15); and, as a
     diagnostic held to no target, the same on one core after 0.1 s of sleep before each,
     as a role runs when the roles take turns (this machine runs the first step after an
-    idle spell slower);
+    idle spell slower); and the ceiling of any synchronous loop: one process that generates
+    a step and trains on it, back to back, with no second process, sync or files;
 (b) shared cores, as `rft-hpc run` on a laptop: the loop's completions/s with the default
     settings (`sync.offset: 0`, threads left to rft-hpc) against 64 / (t_gen + t_train)
     on all cores;
@@ -44,6 +45,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
@@ -74,12 +76,8 @@ eval: {{interval: 0}}
 def _measure(kind: str, config_path: Path, reps: int, idle: float = 0.0) -> float:
     """Median seconds of `reps` generations or train steps of the bench's batch shape in
     this process (after two unmeasured ones), each after `idle` seconds of sleep."""
-    import numpy as np
-
-    from rft_hpc.buffer.reader import Batch
     from rft_hpc.config import load_config
     from rft_hpc.engines.hf import HFEngine
-    from rft_hpc.explorer.workflow import completion_to_experience
     from rft_hpc.tasks.source import build_tasks
     from rft_hpc.trainer.trainer import Trainer
 
@@ -93,6 +91,14 @@ def _measure(kind: str, config_path: Path, reps: int, idle: float = 0.0) -> floa
                                temperature=1.0, seed=seed)
 
     times = []
+    if kind == "loop":  # generate, then train on what was generated: no sync, no files
+        trainer = Trainer(config)
+        for i in range(reps + 2):
+            time.sleep(idle)
+            t0 = time.perf_counter()
+            trainer.step(_batch(tasks, prompts, generate(i)), version=i)
+            times.append(time.perf_counter() - t0)
+        return statistics.median(times[2:])
     if kind == "gen":
         for i in range(reps + 2):
             time.sleep(idle)
@@ -101,19 +107,28 @@ def _measure(kind: str, config_path: Path, reps: int, idle: float = 0.0) -> floa
             times.append(time.perf_counter() - t0)
         return statistics.median(times[2:])
     trainer = Trainer(config)
-    rng = np.random.default_rng(0)
-    records = [completion_to_experience(task, p, c, reward=float(rng.integers(2)),
-                                        group_id=j, version=0, step=0)
-               for j, (task, p, group) in enumerate(zip(tasks, prompts, generate(0),
-                                                       strict=False))
-               for c in group]
-    batch = Batch(records=records, weights=[1.0] * len(records), uses=[0] * len(records))
+    batch = _batch(tasks, prompts, generate(0))
     for i in range(reps + 2):
         time.sleep(idle)
         t0 = time.perf_counter()
         trainer.step(batch, version=i)
         times.append(time.perf_counter() - t0)
     return statistics.median(times[2:])
+
+
+def _batch(tasks: list, prompts: list, groups: list) -> Any:
+    """A trainer batch of one explorer step's groups, with random 0/1 rewards."""
+    import numpy as np
+
+    from rft_hpc.buffer.reader import Batch
+    from rft_hpc.explorer.workflow import completion_to_experience
+
+    rng = np.random.default_rng(0)
+    records = [completion_to_experience(task, p, c, reward=float(rng.integers(2)),
+                                        group_id=j, version=0, step=0)
+               for j, (task, p, group) in enumerate(zip(tasks, prompts, groups, strict=False))
+               for c in group]
+    return Batch(records=records, weights=[1.0] * len(records), uses=[0] * len(records))
 
 
 def measure(kind: str, config_path: Path, cpus: list[int], reps: int = 15,
@@ -178,7 +193,9 @@ def bench(work: Path, steps: int, tokens: int = TOKENS) -> dict:
          "gen_all": measure("gen", config_path, cores),
          "train_all": measure("train", config_path, cores),
          "gen_1_idle": measure("gen", config_path, one, idle=IDLE),
-         "train_1_idle": measure("train", config_path, one, idle=IDLE)}
+         "train_1_idle": measure("train", config_path, one, idle=IDLE),
+         "loop_all": measure("loop", config_path, cores),
+         "loop_1": measure("loop", config_path, one)}
     out: dict = {"cores": len(cores), "t": t, "tokens": tokens}
     shared = run_loop(work, "shared", config_path)
     limit_b = BATCH / (t["gen_all"] + t["train_all"])
@@ -221,6 +238,11 @@ def report(r: dict) -> None:
           f"{t['gen_1_idle'] * 1e3:.1f} ms, t_train {t['train_1_idle'] * 1e3:.1f} ms on 1 "
           f"core; a sync loop with no overhead at all would reach "
           f"{(t['gen_1'] + t['train_1']) / cold:.3f} of (c)'s sync limit")
+    print(f"    one process alternating them (generate, then train on it: no second process, "
+          f"no sync, no files): {t['loop_all'] * 1e3:.1f} ms a step on {r['cores']} cores, "
+          f"{t['loop_1'] * 1e3:.1f} ms on 1: the most any loop can reach is "
+          f"{(t['gen_all'] + t['train_all']) / t['loop_all']:.3f} of (b)'s limit and "
+          f"{(t['gen_1'] + t['train_1']) / t['loop_1']:.3f} of (c)'s sync limit")
     rows = [("(b) shared cores, default config", r["b_shared"], 0.9, "64/(t_gen+t_train), all"),
             ("(c) separate cores, sync", r["c_sync"], 0.9, "64/(t_gen+t_train), 1 core"),
             ("(c) separate cores, async", r["c_async"], 0.85, "64/max(t_gen,t_train), 1 core")]
@@ -248,7 +270,7 @@ def main() -> int:
                     help=f"tokens per rollout [{TOKENS}, the demo's]: longer steps show which "
                          "costs are per step")
     ap.add_argument("--json", type=Path, help="also write the figures here")
-    ap.add_argument("--measure", choices=("gen", "train"), help=argparse.SUPPRESS)
+    ap.add_argument("--measure", choices=("gen", "train", "loop"), help=argparse.SUPPRESS)
     ap.add_argument("--config", type=Path, help=argparse.SUPPRESS)
     ap.add_argument("--cpus", help=argparse.SUPPRESS)
     ap.add_argument("--reps", type=int, default=15, help=argparse.SUPPRESS)
