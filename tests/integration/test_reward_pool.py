@@ -4,10 +4,13 @@ call that overran and goes on, and the outcomes keep the order of the calls."""
 
 from __future__ import annotations
 
+import json
+import subprocess
 import sys
 import time
 
 import pytest
+from helpers.paths import ROOT
 
 from rft_hpc.tasks.reward_pool import RewardPool
 from rft_hpc.tasks.task import Task
@@ -86,21 +89,38 @@ def test_an_unimportable_reward_fails_each_call_with_the_reason():
                for o in outcomes)
 
 
+
+OUTLIVE_SIGNALS = """
+import json, multiprocessing.forkserver, os, signal, time
+from rft_hpc.tasks.reward_pool import RewardPool
+from rft_hpc.tasks.task import Task
+
+calls = [(Task(f"t{i}", "", "#### 4", reward="math_verify"), "4") for i in range(2)]
+seen = {}
+with RewardPool(workers=1, timeout=10.0) as pool:
+    seen["before"] = [o.score for o in pool.score(calls)]
+    server = multiprocessing.forkserver._forkserver._forkserver_pid
+    worker = pool._workers[0].proc.pid
+    for sig in (signal.SIGUSR2, signal.SIGTERM, signal.SIGINT):
+        for pid in (server, worker):
+            os.kill(pid, sig)
+    time.sleep(0.5)
+    seen["server_running"] = os.waitpid(server, os.WNOHANG) == (0, 0)
+    seen["after"] = [o.score for o in pool.score(calls)]
+    seen["restarts"] = pool.restarts
+    seen["same_worker"] = pool._workers[0].proc.pid == worker
+print(json.dumps(seen))
+"""
+
+
 def test_workers_and_their_fork_server_outlive_slurms_stop_signals():
     # Slurm signals every process of a step (USR2 before the time limit, TERM at it): a role
     # that is stopping still scores its last batch, so its workers must not die of them.
-    import multiprocessing.forkserver
-    import os
-    import signal
-
-    with RewardPool(workers=1, timeout=10.0) as pool:
-        assert [o.score for o in pool.score(calls("math_verify", n=2))] == [1.0, 1.0]
-        server = multiprocessing.forkserver._forkserver._forkserver_pid
-        worker = pool._workers[0].proc.pid
-        for sig in (signal.SIGUSR2, signal.SIGTERM, signal.SIGINT):
-            for pid in (server, worker):
-                os.kill(pid, sig)
-        time.sleep(0.5)
-        assert os.waitpid(server, os.WNOHANG) == (0, 0)  # still running
-        assert [o.score for o in pool.score(calls("math_verify", n=2))] == [1.0, 1.0]
-        assert pool.restarts == 0 and pool._workers[0].proc.pid == worker
+    # In a fresh interpreter, as a role is: this test process's fork server may be another
+    # fixture's (conftest's `mp`), and one killed here would break the tests after it.
+    result = subprocess.run([sys.executable, "-c", OUTLIVE_SIGNALS], capture_output=True,
+                            text=True, timeout=120, cwd=ROOT, check=False)
+    assert result.returncode == 0, result.stderr[-3000:]
+    seen = json.loads(result.stdout.splitlines()[-1])
+    assert seen == {"before": [1.0, 1.0], "server_running": True, "after": [1.0, 1.0],
+                    "restarts": 0, "same_worker": True}
