@@ -160,7 +160,9 @@ class HFEngine:
             top_p=None, max_new_tokens=max_new_tokens, pad_token_id=self.pad_id,
             eos_token_id=list(self.stop_ids), bos_token_id=self.tokenizer.bos_token_id,
             output_logits=True, return_dict_in_generate=True)
-        cache = self._shared_prefill(prompts, n, width) if n > 1 and width > 1 else None
+        # every n-th row is a prompt's first; all end at column `width`
+        cache = self._shared_prefill(ids[::n, :-1], mask[::n, :-1], n) if n > 1 and width > 1 \
+            else None
         torch.manual_seed(seed)
         out = self.model.generate(input_ids=ids.to(self.device),
                                   attention_mask=mask.to(self.device), past_key_values=cache,
@@ -172,19 +174,13 @@ class HFEngine:
         completions = [self._completion(new[i], token_logp[i]) for i in range(len(rows))]
         return [completions[i * n:(i + 1) * n] for i in range(len(prompts))]
 
-    def _shared_prefill(self, prompts: Sequence[Sequence[int]], n: int, width: int) -> Any:
-        """The KV cache of every prompt but its last token, computed once per prompt and
-        repeated for its `n` rows: `generate` then starts from the last token. A group's
-        rows share their prompt, and its prefill is most of a short completion's cost."""
+    def _shared_prefill(self, ids: torch.Tensor, mask: torch.Tensor, n: int) -> Any:
+        """The KV cache of each prompt but its last token (`ids`, `mask`: one left-padded row
+        per prompt, that token cut off), computed once and repeated for the prompt's `n`
+        rows: `generate` then starts from the last token. A group's rows share their prompt,
+        and its prefill is most of a short completion's cost."""
         from transformers import DynamicCache
 
-        ids = torch.full((len(prompts), width - 1), self.pad_id, dtype=torch.long)
-        mask = torch.zeros_like(ids)
-        for i, p in enumerate(prompts):  # left padding, as `_generate`'s rows
-            head = list(p)[:-1]
-            if head:
-                ids[i, width - len(p):] = torch.tensor(head)
-                mask[i, width - len(p):] = 1
         # the positions `generate` gives left-padded rows: counted from each row's first token
         positions = (mask.cumsum(-1) - 1).clamp(min=0)
         cache = DynamicCache(config=self.model.config)

@@ -273,6 +273,16 @@ def probe_poll(cases: Sequence[tuple[str, str]], polls: int) -> list[dict[str, i
     return out
 
 
+def receive(conn: Connection, proc: Any, timeout: float = 60.0) -> Any:
+    """The next message from a child process; fails fast if the child dies first or stays
+    silent past `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while not conn.poll(0.05):
+        assert proc.is_alive(), f"child exited with {proc.exitcode} before reporting"
+        assert time.monotonic() < deadline, "child did not report in time"
+    return conn.recv()
+
+
 def main(argv: list[str] | None = None) -> int:
     """Command line: `probe-poll --polls N --case BUFFER CURSOR [--case ...]`."""
     p = argparse.ArgumentParser()
@@ -288,13 +298,3 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
-
-
-def receive(conn: Connection, proc: Any, timeout: float = 60.0) -> Any:
-    """The next message from a child process; fails fast if the child dies first or stays
-    silent past `timeout` seconds."""
-    deadline = time.monotonic() + timeout
-    while not conn.poll(0.05):
-        assert proc.is_alive(), f"child exited with {proc.exitcode} before reporting"
-        assert time.monotonic() < deadline, "child did not report in time"
-    return conn.recv()
