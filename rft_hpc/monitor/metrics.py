@@ -2,7 +2,9 @@
 
 Each line is one complete JSON object (`{"step": ..., "time": ..., "<name>": value}`),
 appended and flushed at once, so a reader tailing the file never sees half a record and a
-restarted role continues the same file.
+restarted role continues the same file. TensorBoard gets one event per `log` holding every
+numeric value as a scalar tagged with its name (one event per value, as `add_scalar` writes
+them, cost a role ~1 ms a step for its ~30 metrics).
 """
 
 from __future__ import annotations
@@ -24,19 +26,24 @@ class MetricsWriter:
         self._file = self.path.open("a", encoding="utf-8")
         self._tb = None
         if tensorboard:
-            from torch.utils.tensorboard import SummaryWriter
+            from tensorboard.compat.proto.summary_pb2 import Summary
+            from torch.utils.tensorboard.writer import FileWriter
 
-            self._tb = SummaryWriter(log_dir=str(metrics_dir / "tb" / role))
+            self._tb, self._summary = FileWriter(str(metrics_dir / "tb" / role)), Summary
 
     def log(self, step: int, values: Mapping[str, Any]) -> None:
         """Record `values` at `step` (non-finite floats are written as null)."""
         row: dict[str, Any] = {"step": step, "time": time.time()}
+        scalars = []
         for key, value in values.items():
             finite = not isinstance(value, float) or math.isfinite(value)
             row[key] = value if finite else None
-            if self._tb is not None and finite and isinstance(value, int | float) \
-                    and not isinstance(value, bool):
-                self._tb.add_scalar(key, value, step)
+            if finite and isinstance(value, int | float) and not isinstance(value, bool):
+                scalars.append((key, float(value)))
+        if self._tb is not None and scalars:
+            entry = self._summary.Value
+            self._tb.add_summary(self._summary(value=[entry(tag=k, simple_value=v)
+                                                      for k, v in scalars]), step)
         self._file.write(json.dumps(row) + "\n")
         self._file.flush()
 

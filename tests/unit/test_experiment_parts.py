@@ -179,13 +179,20 @@ def test_a_stage_key_typo_is_reported_with_its_path(tmp_path):
         assert cfg.stage_configs()[0][1].trainer.lr == 0.5
 
 
-def test_metrics_lines_are_json(tmp_path):
+def test_metrics_are_json_lines_and_tensorboard_scalars(tmp_path):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
     from rft_hpc.monitor.metrics import MetricsWriter, read_metrics
 
     w = MetricsWriter(tmp_path, "trainer")
     w.log(1, {"loss": 0.5, "bad": float("nan")})
+    w.log(2, {"loss": 0.25, "records": 64, "done": True, "name": "x"})
     w.close()
-    (row,) = read_metrics(tmp_path / "trainer.jsonl")
+    row, _ = read_metrics(tmp_path / "trainer.jsonl")
     assert row["loss"] == 0.5 and row["bad"] is None and row["step"] == 1
-    assert list((tmp_path / "tb" / "trainer").glob("events.out.tfevents.*"))
+    events = EventAccumulator(str(tmp_path / "tb" / "trainer"))
+    events.Reload()  # every finite number is a scalar at its step; nan, bools, text are not
+    assert sorted(events.Tags()["scalars"]) == ["loss", "records"]
+    assert [(e.step, e.value) for e in events.Scalars("loss")] == [(1, 0.5), (2, 0.25)]
+    assert [(e.step, e.value) for e in events.Scalars("records")] == [(2, 64.0)]
     json.dumps(row)

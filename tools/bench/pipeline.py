@@ -22,8 +22,9 @@ step. It measures, each figure beside the limit it is held to, in the same run:
     64 / max(t_gen, t_train), both on one core;
 (d) a long tail: one task in eight waits `10 x t_gen` in its reward (an environment delay,
     tools/bench/pipeline_reward.py), with the cores separate as in (c): completions/s
-    sync (`offset 0`) against async (`offset` and `steps_in_flight` enough to cover the
-    delay), and the trainer's busy fraction (its step time not spent waiting for data).
+    sync (`offset 0`) against async (`steps_in_flight` enough to cover a step's latency,
+    `delay + t_gen`, plus a backlog of `TAIL_BACKLOG` committed steps, and `offset` one
+    less), and the trainer's busy fraction (its step time not spent waiting for data).
 
 A loop's rate is taken from the trainer's metrics between its 3rd and last step (start-up,
 the first weights and the first batch left out). Under each loop it prints where a step's
@@ -54,6 +55,7 @@ BATCH, TASKS, REPEAT, TOKENS = 64, 8, 8, 5
 WARM = 2  # trainer steps left out of a loop's rate
 IDLE = 0.1  # seconds a role sleeps between its steps when roles take turns (diagnostic)
 REWARD = "tools.bench.pipeline_reward:delayed"
+TAIL_BACKLOG = 4  # (d): committed steps the async trainer may have in hand, past the delay
 
 
 def config_text(root: Path, model: Path, steps: int, tokens: int = TOKENS) -> str:
@@ -212,7 +214,10 @@ def bench(work: Path, steps: int, tokens: int = TOKENS) -> dict:
                       "ratio": async_["completions_per_s"] / limit_async}
     delay = 10 * t["gen_1"]
     step_s = max(t["gen_1"], t["train_1"])
-    ahead = math.ceil(delay / step_s) + 2  # steps in flight that cover one delay
+    # a step is committed `delay + t_gen` after it is submitted: the steps in flight must
+    # cover that, and the trainer keeps a backlog of committed steps for the explorer's
+    # bursts (the engine generates the steps submitted together in one batch)
+    ahead = math.ceil((delay + t["gen_1"]) / step_s) + TAIL_BACKLOG
     workers = REPEAT * (math.ceil(delay / step_s) + 1)  # slow groups pending at once, x 8
     tail = (f"tasks.reward={{name: {REWARD}, args: {{delay: {delay:.4f}}}}}",
             f"explorer.reward_workers={workers}", f"explorer.reward_timeout={delay * 5 + 10}")
