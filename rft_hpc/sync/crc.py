@@ -2,15 +2,17 @@
 
 `RunningCrc` folds chunks in order on one thread, or, with `workers > 1`, checksums chunks
 independently on several threads and joins the results with `crc32_combine` (zlib's
-algorithm; Python's zlib does not expose it). zlib releases the GIL while it checksums, so
-on a machine with cores to spare a checksum costs no time: one thread keeps up with
-writing (the disk is slower), two with reading from the page cache (memcpy is faster than
-one thread's CRC: ~4 GB/s).
+algorithm; Python's zlib does not expose it); with no workers, in the caller as they come.
+zlib releases the GIL while it checksums, so on a machine with cores to spare a checksum
+costs no time: one thread keeps up with writing (the disk is slower), two with reading from
+the page cache (memcpy is faster than one thread's CRC: ~4 GB/s). A process pinned to one
+core checksums in the caller (`for_this_process`).
 """
 
 from __future__ import annotations
 
 import functools
+import os
 import zlib
 from concurrent.futures import Future, ThreadPoolExecutor
 
@@ -63,19 +65,31 @@ class RunningCrc:
     checksum chunks side by side and combine them (for few large chunks)."""
 
     def __init__(self, workers: int = 1) -> None:
-        self._pool = ThreadPoolExecutor(workers, thread_name_prefix="crc32")
+        self._pool = ThreadPoolExecutor(workers, thread_name_prefix="crc32") if workers else None
         self._parallel = workers > 1
         self._last: Future[int] | None = None
         self._parts: list[tuple[Future[int], int]] = []
+        self._crc = 0  # folded so far, with no workers
+
+    @classmethod
+    def for_this_process(cls, workers: int) -> RunningCrc:
+        """`workers` threads where this process may run on more than one core; none (the
+        caller checksums each chunk itself) where it is pinned to one, since threads there
+        only add switches and cannot overlap with the caller."""
+        return cls(workers if len(os.sched_getaffinity(0)) > 1 else 0)
 
     def __enter__(self) -> RunningCrc:
         return self
 
     def __exit__(self, *_exc: object) -> None:
-        self._pool.shutdown(wait=True)
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
 
     def add(self, chunk: bytes | memoryview) -> None:
-        """Fold `chunk` into the checksum (asynchronously)."""
+        """Fold `chunk` into the checksum (asynchronously, with workers)."""
+        if self._pool is None:
+            self._crc = zlib.crc32(chunk, self._crc)
+            return
         if self._parallel:
             self._parts.append((self._pool.submit(zlib.crc32, chunk), len(chunk)))
             return
@@ -86,6 +100,8 @@ class RunningCrc:
     @property
     def value(self) -> int:
         """The checksum of every chunk added so far."""
+        if self._pool is None:
+            return self._crc
         if self._parallel:
             crc = 0
             for part, length in self._parts:

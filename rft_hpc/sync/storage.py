@@ -118,7 +118,7 @@ def save_safetensors(path: Path, tensors: Mapping[str, torch.Tensor], *,
         offset += size
     blob = json.dumps(header, separators=(",", ":")).encode("utf-8")
     blob += b" " * (-len(blob) % _ALIGN)
-    with open(path, "wb") as f, RunningCrc() as crc:
+    with open(path, "wb") as f, RunningCrc.for_this_process(1) as crc:
         for chunk in (struct.pack("<Q", len(blob)), blob):
             f.write(chunk)
             crc.add(chunk)
@@ -146,7 +146,7 @@ def load_safetensors(path: Path, buffer: ReadBuffer | None = None,
     `OSError` when it cannot be read whole.
     """
     # two CRC threads: one falls behind memcpy from the page cache (0.26 vs 0.15 s per GB)
-    with open(path, "rb", buffering=0) as f, RunningCrc(workers=2) as running:
+    with open(path, "rb", buffering=0) as f, RunningCrc.for_this_process(2) as running:
         size = os.fstat(f.fileno()).st_size
         buf = buffer.get(size) if buffer is not None else torch.empty(size, dtype=torch.uint8)
         view = memoryview(buf.numpy())

@@ -264,13 +264,13 @@ def test_loads_into_a_reused_buffer_give_each_version_whole(tmp_path):
     assert second["w"].untyped_storage().data_ptr() == address
 
 
-def test_running_crc_equals_zlib_with_one_or_more_threads():
+def test_running_crc_equals_zlib_with_no_one_or_more_threads():
     rng = random.Random(7)
     for _ in range(300):  # crc32_combine against zlib on odd lengths, empty ones included
         a, b = rng.randbytes(rng.randint(0, 300)), rng.randbytes(rng.choice([0, 1, 7, 4099]))
         assert crc32_combine(zlib.crc32(a), zlib.crc32(b), len(b)) == zlib.crc32(a + b)
     data = rng.randbytes(3 << 20)
-    for workers in (1, 2, 3):
+    for workers in (0, 1, 2, 3):
         with RunningCrc(workers) as crc:
             pos = 0
             while pos < len(data):
@@ -278,3 +278,12 @@ def test_running_crc_equals_zlib_with_one_or_more_threads():
                 crc.add(memoryview(data)[pos:pos + n])
                 pos += n
             assert crc.value == zlib.crc32(data), workers
+    cores = os.sched_getaffinity(0)
+    try:  # pinned to one core, the caller checksums: threads there only add switches
+        os.sched_setaffinity(0, {min(cores)})
+        with RunningCrc.for_this_process(2) as crc:
+            assert crc._pool is None
+            crc.add(data)
+            assert crc.value == zlib.crc32(data)
+    finally:
+        os.sched_setaffinity(0, cores)
