@@ -136,26 +136,32 @@ def _drain(links: list[_Link], deadline: float, keep: int = 0, spin: bool = True
 
 
 def _broadcast(links: list[_Link], buffers: list[np.ndarray], deadline: float) -> list[bool]:
-    """Broadcast `buffers` on every link (each advancing on its own: a dead peer stalls only
-    its link until the deadline), then all-reduce the verdicts; True where all ranks of a
-    healthy link said ok."""
+    """Broadcast `buffers` on every link, then all-reduce its verdicts; True where all ranks
+    of a healthy link said ok.
+
+    Each link advances on its own, its verdict included: a dead peer whose requests never
+    fail stalls only its own link until the deadline. Were the verdicts posted once every
+    link had sent its data, a healthy link's would wait for the dead one's deadline, and
+    its receivers, whose own deadlines fall at about the same time, would give up first.
+    """
     cursor = dict.fromkeys(range(len(links)), 0)
+    flags = [np.zeros(1, np.int64) for _ in links]
+    voted = [False] * len(links)
     while True:
         for k, link in enumerate(links):
             while link.error is None and cursor[k] < len(buffers) and \
                     len(link.pending) <= _WINDOW:
                 link.post(link.comm.Ibcast(buffers[cursor[k]], root=link.root))
                 cursor[k] += 1
+            if link.error is None and cursor[k] == len(buffers) and not voted[k]:
+                one = np.ones(1, np.int64)
+                link.post(link.comm.Iallreduce(one, flags[k], op=MPI.MIN), one, flags[k])
+                voted[k] = True
         active = [link for k, link in enumerate(links)
                   if link.error is None and cursor[k] < len(buffers)]
         if not active:
             break
         _drain(active, deadline, keep=_WINDOW, any_progress=True)
-    flags = []
-    for link in links:
-        one = np.ones(1, np.int64)
-        flags.append(np.zeros(1, np.int64))
-        link.post(link.comm.Iallreduce(one, flags[-1], op=MPI.MIN), one, flags[-1])
     _drain(links, deadline)
     return [link.error is None and flag[0] == 1 for link, flag in zip(links, flags, strict=True)]
 
