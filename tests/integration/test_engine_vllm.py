@@ -4,6 +4,7 @@ updates, and a demo run with explorer.engine vllm. One engine serves the whole m
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 import torch
@@ -183,6 +184,36 @@ def test_a_request_in_flight_when_new_weights_arrive_finishes_under_both(engine,
         torch.testing.assert_close(batch.old_logprobs[under], recomputed[under], atol=ATOL,
                                    rtol=0)
     set_weights(engine, model, original, 0)
+
+
+@pytest.mark.timeout(300)
+def test_vllms_own_processes_outlive_slurms_warning_signal(engine, policy, tiny_model):
+    """With `multiprocessing` (and tensor parallelism) vLLM runs its engine in processes of
+    its own, in the role's job step: Slurm's USR2 reaches them too and, unblocked, killed
+    them. They start with it blocked; after it they generate what the in-process engine
+    does."""
+    import signal
+
+    import psutil
+
+    model, original = policy
+    set_weights(engine, model, original, 0)
+    prompt = engine.encode("12+34=")
+    own = VLLMEngine(tiny_model, settings=VLLMConfig(enforce_eager=True, kv_cache_gb=0.25,
+                                                     multiprocessing=True))
+    try:
+        helpers = [p for p in psutil.Process().children(recursive=True)
+                   if p.name().startswith("VLLM::")]
+        assert helpers, "no engine process of vLLM's own to signal"
+        for p in helpers:
+            p.send_signal(signal.SIGUSR2)
+        time.sleep(0.5)
+        assert all(p.is_running() and p.status() != psutil.STATUS_ZOMBIE for p in helpers)
+        got = own.generate([prompt], n=4, max_new_tokens=8, temperature=1.0, seed=3)
+        want = engine.generate([prompt], n=4, max_new_tokens=8, temperature=1.0, seed=3)
+        assert [c.tokens for c in got[0]] == [c.tokens for c in want[0]]
+    finally:
+        own.close()
 
 
 @pytest.mark.timeout(600)  # two vLLM explorers start: ~120 s loaded
