@@ -133,7 +133,7 @@ def render_script(ctx: JobContext, settings: SlurmRoleConfig, *, key: str, title
     options = sbatch_options(settings, job_name=f"{ctx.run.root.name}.{job_name}", output=log,
                              cwd=ctx.cwd, signal_delay=ctx.launch.slurm.signal_delay,
                              array=array)
-    if record is not None:
+    if record is not None and "--requeue" not in options:  # a user's extra may have it
         options.append("--requeue")  # the script requeues itself (see _REQUEUE)
     preamble = [f"umask {ctx.launch.umask}"] if ctx.launch.umask else []
     if settings.setup:
