@@ -272,6 +272,19 @@ def _model_path_exists(config: ExperimentConfig) -> Iterator[tuple[tuple[Key, ..
         yield ("model", "path"), f"{str(path)!r} is a file; expected a Hugging Face model folder"
 
 
+def _start_weights_are_published(config: ExperimentConfig,
+                                 ) -> Iterator[tuple[tuple[Key, ...], str]]:
+    start = config.model.start_weights
+    if start is None:
+        return
+    # manifest.json: what a published version holds (docs/weights-format.md; sync/ is a
+    # layer above this one)
+    if not re.fullmatch(r"v\d+", start.name) or not (start / "manifest.json").is_file():
+        yield ("model", "start_weights"), (
+            f"{str(start)!r} is not a published weights version (a weights/v<N> folder of a "
+            f"run, with its manifest.json){_looked_in(start)}")
+
+
 def _grpo_needs_groups(config: ExperimentConfig) -> Iterator[tuple[tuple[Key, ...], str]]:
     for index, (_, stage) in enumerate(config.stage_configs()):
         where: tuple[Key, ...] = ("stages", index) if config.stages else ()
@@ -297,6 +310,7 @@ def _dynamic_sampling_is_single_turn(config: ExperimentConfig,
 
 CHECKS: tuple[tuple[frozenset[str], Check], ...] = (
     (frozenset({"model"}), _model_path_exists),
+    (frozenset({"model"}), _start_weights_are_published),
     (frozenset({"mode", "trainer", "explorer", "stages"}), _grpo_needs_groups),
     (frozenset({"explorer", "pipeline", "stages"}), _dynamic_sampling_is_single_turn),
 )

@@ -86,8 +86,9 @@ class ModelConfig(ConfigSection):
     special tokens and chat template)."""
 
     start_weights: ConfigPath | None = None
-    """A published weights folder (weights/v<N>) loaded over the model folder's own weights;
-    set by multi-stage runs to start a stage where the previous one ended."""
+    """A published weights folder (weights/v<N>, e.g. of an earlier run) loaded over the
+    model folder's own weights at the start; each later stage of a multi-stage run starts
+    instead where the stage before it ended."""
 
     lora: LoraSettings | None = None
     """Train a LoRA adapter (rank, alpha, dropout, target modules) on the frozen model

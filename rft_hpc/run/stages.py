@@ -160,9 +160,13 @@ def _config_text(config: ExperimentConfig) -> str:
 
 
 def prepare_stage(config: ExperimentConfig, folder: Path, start_weights: Path | None) -> RunDir:
-    """Create a stage's run directory, freeze its config, import its offline data once."""
+    """Create a stage's run directory, freeze its config, import its offline data once.
+
+    The stage starts from `start_weights` (the last weights a stage before it published),
+    or, when there are none, from the config's own `model.start_weights`."""
+    start = start_weights if start_weights is not None else config.model.start_weights
     stage = config.model_copy(update={"model": config.model.model_copy(
-        update={"start_weights": start_weights})})
+        update={"start_weights": start})})
     run = RunDir(folder).create()
     if not run.config.exists():
         freeze_config(stage, run.config)

@@ -232,6 +232,17 @@ def test_problem_from_an_override_names_it_instead_of_a_line(tmp_path):
     assert str(problem) == f"{path}: trainer.lr (from --set trainer.lr=-1): must be > 0.0, got -1"
 
 
+def test_start_weights_must_be_a_published_version(tmp_path):
+    start = tmp_path / "other" / "weights" / "v000040"
+    path = write(tmp_path, f"model:\n  start_weights: {start}\n")
+    (problem,) = problems_of(path).problems
+    assert (problem.key, problem.line) == ("model.start_weights", 2)
+    assert "is not a published weights version" in problem.message
+    start.mkdir(parents=True)
+    (start / "manifest.json").write_text("{}")
+    assert load_config(path).model.start_weights == start
+
+
 def test_model_path_must_exist(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     path = write(tmp_path, "model:\n  dtype: float32\n  path: models/tiny\n")

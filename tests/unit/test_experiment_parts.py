@@ -162,6 +162,20 @@ stages:
     assert (rl.eval.interval, rl.eval.max_new_tokens, rl.eval.evaluator) == (3, 5, True)
 
 
+def test_the_first_stage_keeps_the_configs_start_weights_and_later_ones_follow_on(tmp_path):
+    from rft_hpc.run.stages import prepare_stage
+
+    start, ended = tmp_path / "other-run" / "weights" / "v000040", tmp_path / "v000008"
+    for folder in (start, ended):
+        folder.mkdir(parents=True)
+        (folder / "manifest.json").write_text("{}")
+    cfg = load_config(_write(tmp_path, f"model: {{start_weights: {start}}}\n"))
+    first = prepare_stage(cfg, tmp_path / "0-main", None)
+    assert load_config(first.config).model.start_weights == start
+    later = prepare_stage(cfg, tmp_path / "1-rl", ended)
+    assert load_config(later.config).model.start_weights == ended
+
+
 def test_the_evaluator_scores_the_start_every_nth_and_the_last_weights():
     from rft_hpc.config.schema import EvalConfig
 
