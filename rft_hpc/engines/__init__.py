@@ -18,7 +18,11 @@ def build_engine(config: ExperimentConfig) -> HFEngine | VLLMEngine:
         return VLLMEngine(config.model.path, dtype=config.model.dtype,
                           settings=config.explorer.vllm, seed=config.run.seed,
                           prompt=config.prompt, lora=config.model.lora)
+    import torch
+
     from rft_hpc.engines.hf import HFEngine
 
-    return HFEngine(config.model.path, dtype=config.model.dtype, prompt=config.prompt,
-                    lora=config.model.lora)
+    # the job's GPU when it has one (Slurm makes it device 0), as vLLM would take it
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    return HFEngine(config.model.path, dtype=config.model.dtype, device=device,
+                    prompt=config.prompt, lora=config.model.lora)

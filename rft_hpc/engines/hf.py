@@ -167,10 +167,12 @@ class HFEngine:
         out = self.model.generate(input_ids=ids.to(self.device),
                                   attention_mask=mask.to(self.device), past_key_values=cache,
                                   generation_config=config)
-        new = out.sequences[:, width:].cpu()
-        logits = torch.stack(out.logits, dim=1).float().cpu()  # [rows, steps, vocab]
+        new = out.sequences[:, width:]
+        logits = torch.stack(out.logits, dim=1).float()  # [rows, steps, vocab]
         logp = torch.log_softmax(logits / (1.0 if greedy else temperature), dim=-1)
-        token_logp = logp.gather(-1, new.unsqueeze(-1)).squeeze(-1)
+        # gathered where they were computed: only [rows, steps] leave the device
+        token_logp = logp.gather(-1, new.unsqueeze(-1)).squeeze(-1).cpu()
+        new = new.cpu()
         completions = [self._completion(new[i], token_logp[i]) for i in range(len(rows))]
         return [completions[i * n:(i + 1) * n] for i in range(len(prompts))]
 

@@ -205,8 +205,8 @@ def grpo_check(args: argparse.Namespace) -> dict[str, Any]:
     result: dict[str, Any] = {
         "shape": shape, "engine": engine,
         "device": torch.cuda.get_device_name(0) if cuda else "cpu",
-        # rft-hpc's HF engine generates on the CPUs (rft_hpc.engines.build_engine)
-        "explorer_device": "cuda" if cuda and engine == "vllm" else "cpu",
+        # both engines generate on the job's GPU when it has one (rft_hpc.engines)
+        "explorer_device": "cuda" if cuda else "cpu",
         "trainer_device": "cuda" if cuda else "cpu"}
     if not has_vllm:
         result["vllm"] = "missing"
