@@ -136,8 +136,8 @@ def _drain(links: list[_Link], deadline: float, keep: int = 0, spin: bool = True
 
 
 def _broadcast(links: list[_Link], buffers: list[np.ndarray], deadline: float) -> list[bool]:
-    """Broadcast `buffers` on every link, then all-reduce its verdicts; True where all ranks
-    of a healthy link said ok.
+    """Broadcast `buffers` on every link, then all-reduce each link's verdict; True where
+    all ranks of a healthy link said ok.
 
     Each link advances on its own, its verdict included: a dead peer whose requests never
     fail stalls only its own link until the deadline. Were the verdicts posted once every
