@@ -12,7 +12,7 @@ from rft_hpc.run.stages import freeze_run_config
 
 CONFIG = """\
 run: {name: r, root: "${SCRATCH}/runs"}
-model: {path: "~/models/${MODEL_NAME}", start_weights: "${SCRATCH}/w"}
+model: {path: "~/models/${MODEL_NAME}", start_weights: "${SCRATCH}/weights/v000003"}
 tasks: {type: file, path: "${DATA}/train.parquet", eval_path: "~/eval.jsonl"}
 data: {source: jsonl, path: "${DATA}/sft.jsonl"}
 explorer: {vllm: {scratch_dir: "${SCRATCH}/vllm"}}
@@ -25,12 +25,14 @@ def test_variables_and_home_are_expanded_and_frozen(tmp_path, monkeypatch):
     monkeypatch.setenv("MODEL_NAME", "qwen")
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
     (tmp_path / "home" / "models" / "qwen").mkdir(parents=True)
+    (tmp_path / "scratch" / "weights" / "v000003").mkdir(parents=True)  # a published version
+    (tmp_path / "scratch" / "weights" / "v000003" / "manifest.json").write_text("{}")
     (tmp_path / "exp.yaml").write_text(CONFIG)
     config = load_config(tmp_path / "exp.yaml")
     home, scratch = tmp_path / "home", tmp_path / "scratch"
     assert config.run.root == scratch / "runs"
     assert config.model.path == home / "models" / "qwen"
-    assert config.model.start_weights == scratch / "w"
+    assert config.model.start_weights == scratch / "weights" / "v000003"
     assert config.tasks.path == Path("/proj/data/train.parquet")
     assert config.tasks.eval_path == home / "eval.jsonl"
     assert config.data.path == Path("/proj/data/sft.jsonl")
