@@ -89,7 +89,6 @@ def test_an_unimportable_reward_fails_each_call_with_the_reason():
                for o in outcomes)
 
 
-
 OUTLIVE_SIGNALS = """
 import json, multiprocessing.forkserver, os, signal, time
 from rft_hpc.tasks.reward_pool import RewardPool

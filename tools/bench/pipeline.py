@@ -92,28 +92,21 @@ def _measure(kind: str, config_path: Path, reps: int, idle: float = 0.0) -> floa
         return engine.generate(prompts, n=REPEAT, max_new_tokens=config.explorer.max_new_tokens,
                                temperature=1.0, seed=seed)
 
-    times = []
-    if kind == "loop":  # generate, then train on what was generated: no sync, no files
-        trainer = Trainer(config)
-        for i in range(reps + 2):
-            time.sleep(idle)
-            t0 = time.perf_counter()
-            trainer.step(_batch(tasks, prompts, generate(i)), version=i)
-            times.append(time.perf_counter() - t0)
-        return statistics.median(times[2:])
-    if kind == "gen":
-        for i in range(reps + 2):
-            time.sleep(idle)
-            t0 = time.perf_counter()
+    trainer = Trainer(config) if kind != "gen" else None
+    batch = _batch(tasks, prompts, generate(0)) if kind == "train" else None
+
+    def work(i: int) -> None:
+        if trainer is None:
             generate(i)
-            times.append(time.perf_counter() - t0)
-        return statistics.median(times[2:])
-    trainer = Trainer(config)
-    batch = _batch(tasks, prompts, generate(0))
+        else:  # "loop": generate, then train on it (no sync, no files); "train": one batch
+            trainer.step(batch if batch is not None else _batch(tasks, prompts, generate(i)),
+                         version=i)
+
+    times = []
     for i in range(reps + 2):
         time.sleep(idle)
         t0 = time.perf_counter()
-        trainer.step(batch, version=i)
+        work(i)
         times.append(time.perf_counter() - t0)
     return statistics.median(times[2:])
 
