@@ -29,12 +29,14 @@ from rft_hpc.buffer.segment import (
     LIBVER,
     SCHEMA_VERSION,
     SCHEMAS,
-    CorruptSegment,
+    BadContent,
     Segment,
     parse_segment_name,
-    read_segment,
+    read_judged,
+    read_segment_once,
     segment_name,
 )
+from rft_hpc.core.retry import Retrier
 
 ARCHIVE_PREFIX = "archive-"
 _NAME = re.compile(r"^archive-(\d+)-(\d+)\.h5$")
@@ -156,34 +158,39 @@ def _split(archive: Segment, index: dict[str, np.ndarray]) -> list[Segment]:
     return out
 
 
-def read_archive(path: Path, *, fields: Iterable[str] | None = None) -> list[Segment]:
+def read_archive(path: Path, *, fields: Iterable[str] | None = None,
+                 retry: Retrier | None = None) -> list[Segment]:
     """Read an archive, check every checksum, and return its folded segments in step order.
 
     With `fields`, only those datasets (plus what they need) are read. Raises
-    `CorruptSegment` when anything is unreadable or inconsistent.
+    `CorruptSegment` on proof of damage, `StillUnreadable` when I/O errors outlast the
+    retries (`segment.read_judged`).
     """
-    whole = read_segment(path, fields=None if fields is None else tuple(fields))
-    try:
-        with h5py.File(path, "r") as f:
-            m = int(f.attrs["num_segments"])
-            index = {name: _checked(f, name, dtype) for name, dtype in INDEX_DATASETS}
-    except Exception as exc:
-        raise CorruptSegment(path, f"archive index: {type(exc).__name__}: {exc}") from exc
+    wanted = None if fields is None else tuple(fields)
+    return read_judged(path, lambda: _read_archive_once(path, wanted), retry=retry,
+                       what="archive")
+
+
+def _read_archive_once(path: Path, fields: tuple[str, ...] | None) -> list[Segment]:
+    whole = read_segment_once(path, fields)
+    with h5py.File(path, "r") as f:
+        m = int(f.attrs["num_segments"])
+        index = {name: _checked(f, name, dtype) for name, dtype in INDEX_DATASETS}
     n = len(whole.columns[SCHEMAS[whole.kind].strings[0]])
     b = index["segment_records"]
     if len(index["segment_start"]) != m or len(index["segment_end"]) != m or len(b) != m + 1 \
             or b[0] != 0 or b[-1] != n or np.any(np.diff(b) < 0):
-        raise CorruptSegment(path, "archive index does not match its records")
+        raise BadContent("archive index does not match its records")
     return _split(whole, index)
 
 
-def read_archive_index(path: Path) -> list[int]:
-    """First steps of the segments an archive holds (its index alone, checksum checked)."""
-    try:
+def read_archive_index(path: Path, *, retry: Retrier | None = None) -> list[int]:
+    """First steps of the segments an archive holds (its index alone, checksum checked;
+    verdicts as `read_archive`)."""
+    def index() -> list[int]:
         with h5py.File(path, "r") as f:
             return _checked(f, "segment_start", "<i8").tolist()
-    except Exception as exc:
-        raise CorruptSegment(path, f"archive index: {type(exc).__name__}: {exc}") from exc
+    return read_judged(path, index, retry=retry, what="archive")
 
 
 def _checked(f: h5py.File, name: str, dtype: str) -> np.ndarray:
@@ -191,7 +198,7 @@ def _checked(f: h5py.File, name: str, dtype: str) -> np.ndarray:
     arr = np.asarray(ds[()], dtype=dtype)
     if ds.dtype != np.dtype(dtype) or ds.ndim != 1 or \
             zlib.crc32(arr.tobytes()) != int(ds.attrs["crc32"]):
-        raise ValueError(f"{name}: bad type or checksum")
+        raise BadContent(f"archive index {name}: bad type or checksum")
     return arr
 
 

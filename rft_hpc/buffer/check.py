@@ -14,6 +14,7 @@ from rft_hpc.buffer.archive import is_archive, read_archive
 from rft_hpc.buffer.jsonl import iter_segments
 from rft_hpc.buffer.layout import open_buffer_dir, quarantine_segment, stray_temporaries
 from rft_hpc.buffer.segment import SCHEMAS, CorruptSegment, read_segment, read_segment_attrs
+from rft_hpc.core.retry import StillUnreadable
 
 
 @dataclass
@@ -64,6 +65,10 @@ def verify_buffer(buffer: Path, *, fix: bool = False) -> VerifyReport:
                 report.records += sum(p.num_records for p in parts)
                 continue
             seg = read_segment(path)
+        except StillUnreadable as exc:  # no proof of damage: reported, never quarantined
+            report.segments += 1
+            report.problems.append(Problem(str(path), f"{exc.strerror} (not quarantined)"))
+            continue
         except CorruptSegment as exc:
             report.segments += 1
             problem = Problem(str(path), exc.reason)

@@ -8,12 +8,19 @@ or by a new listing when a segment it expects has gone into an archive; their re
 their segment's identity. The reader's whole position is
 `state_dict()`, plain JSON that goes into the trainer checkpoint; a reader built from it
 hands out exactly the records the saved one had not yet handed out, in the same order.
+
+Reads retry before they judge (`rft_hpc.core.retry`): only a segment proven corrupt is
+skipped (and quarantined). One whose I/O errors outlast the retries stays pending: the
+reader stops at it for that writer and reads it again at a poll `RetryPolicy.later_s` on,
+so a passing filesystem fault delays records and never loses them.
 """
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
+import time
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,6 +32,7 @@ from rft_hpc.buffer.records import Record
 from rft_hpc.buffer.sampling import PoolItem, build_pool
 from rft_hpc.buffer.segment import CorruptSegment, Segment, read_segment, segment_name
 from rft_hpc.config.buffer import BufferConfig
+from rft_hpc.core.retry import ReadRetry, RetryPolicy, StillUnreadable, io_metrics
 from rft_hpc.core.watch import FolderWatch
 
 log = logging.getLogger(__name__)
@@ -64,13 +72,14 @@ class BufferReader:
 
     `poll()` discovers new committed segments (at most `max_pending` records are held in
     memory; the rest wait on disk). `take(n, policy_version)` hands out up to `n` records.
-    A corrupt segment is skipped with a warning (and moved to quarantine when `quarantine`
-    is set); reading goes on with the writer's next segment.
+    A segment proven corrupt is skipped with a warning (and moved to quarantine when
+    `quarantine` is set); reading goes on with the writer's next segment. A segment that
+    cannot be read for now (I/O errors beyond `retry`'s tries) is read again later.
     """
 
     def __init__(self, buffer_dir: str | os.PathLike[str], config: BufferConfig | None = None,
                  *, state: dict[str, Any] | None = None, max_pending: int = 1 << 16,
-                 quarantine: bool = False) -> None:
+                 quarantine: bool = False, retry: RetryPolicy | None = None) -> None:
         self.buffer_dir = Path(buffer_dir)
         self.config = config or BufferConfig()
         self.max_pending = max_pending
@@ -85,8 +94,10 @@ class BufferReader:
         self.skipped: list[dict[str, Any]] = []
         self.counters: Counter[str] = Counter()
         self._watch: FolderWatch | None = None
+        self._later: dict[tuple[str, int], float] = {}  # unreadable for now -> when to retry
         if state is not None:
             self._load_state(state)
+        self._retry = ReadRetry(self.counters, retry)
 
     # -- discovery ---------------------------------------------------------------------
 
@@ -135,12 +146,16 @@ class BufferReader:
     def _poll_one(self, writer: str) -> int | None:
         """Read the writer's next segment; the number of records added, or None to stop."""
         start = self._next[writer]
+        if self._later.get((writer, start), 0.0) > time.monotonic():
+            return None
         end = self._archives[writer].get(start)
         if end is not None:
             return self._read_archive(writer, (start, end), start)
         path = self.buffer_dir / writer / segment_name(start)
         try:
-            st = os.stat(path)
+            st = self._retry.read("segment", path, lambda: os.stat(path))
+        except StillUnreadable as exc:
+            return self._read_later(writer, start, path, exc)
         except FileNotFoundError:
             if writer in self._stuck:
                 return self._skip_if_superseded(writer, start)
@@ -150,10 +165,14 @@ class BufferReader:
         if self._stuck.get(writer) == [start, st.st_size, st.st_mtime_ns]:
             return self._skip_if_superseded(writer, start)
         try:
-            seg = read_segment(path)
+            seg = read_segment(path, retry=self._retry)
             if seg.step_start != start or seg.step_end <= start:
                 raise CorruptSegment(path, f"steps [{seg.step_start}, {seg.step_end}) do not "
                                            f"match its name")
+        except StillUnreadable as exc:
+            if exc.errno == errno.ENOENT:  # folded into an archive, or set aside, after the stat
+                return self._skip_if_superseded(writer, start, "missing")
+            return self._read_later(writer, start, path, exc)
         except CorruptSegment as exc:
             if not path.exists():  # folded into an archive after the stat
                 return self._skip_if_superseded(writer, start, "missing")
@@ -164,8 +183,19 @@ class BufferReader:
                 quarantine_segment(self.buffer_dir, path, f"found by a reader: {exc.reason}")
             return self._skip_if_superseded(writer, start, exc.reason)
         self._stuck.pop(writer, None)
+        self._later.pop((writer, start), None)
         self._next[writer] = seg.step_end
         return self._add_segment(writer, seg)
+
+    def _read_later(self, writer: str, start: int, path: Path, exc: StillUnreadable) -> None:
+        """Leave an unreadable-for-now file pending: this writer's reading stops at it until
+        a poll `later_s` seconds on reads it again. Nothing is skipped or quarantined."""
+        wait = self._retry.policy.later_s
+        log.warning("%s: %s; not quarantined: left pending, read again in %.0f s",
+                    path, exc.strerror, wait)
+        self.counters["reads_deferred"] += 1
+        self._later[writer, start] = time.monotonic() + wait
+        return None
 
     def _skip_if_superseded(self, writer: str, start: int,
                             reason: str = "unreadable") -> int | None:
@@ -190,7 +220,11 @@ class BufferReader:
         """Add the archived segments from step `start` on; the reader goes on at its end."""
         path = self.buffer_dir / writer / archive_name(*span)
         try:
-            parts = read_archive(path)
+            parts = read_archive(path, retry=self._retry)
+        except StillUnreadable as exc:
+            if exc.errno == errno.ENOENT:  # merged into a larger archive meanwhile
+                return self._skip_if_superseded(writer, start, "missing")
+            return self._read_later(writer, start, path, exc)
         except CorruptSegment as exc:
             if not path.exists():  # merged into a larger archive meanwhile: look again
                 return self._skip_if_superseded(writer, start, "missing")
@@ -201,6 +235,7 @@ class BufferReader:
             self.skipped.append({"writer": writer, "segment": start, "reason": exc.reason})
             self._next[writer] = span[1]
             return 0
+        self._later.pop((writer, start), None)
         self._next[writer] = span[1]
         self.counters["archives_read"] += 1
         return sum(self._add_segment(writer, p) for p in parts if p.step_start >= start)
@@ -246,6 +281,7 @@ class BufferReader:
         cfg = self.config
         batch = Batch()
         replays: list[PoolItem] = []  # requeued after the loop: never twice in one batch
+        later: list[PoolItem] = []  # their segment is unreadable for now: back in the pool
         while len(batch) < n:
             item = self._pool.pop()
             if item is None:
@@ -260,8 +296,11 @@ class BufferReader:
                         self._release(item)
                         continue
                     weight = cfg.stale_weight ** excess
-            seg = self._segment(item)
+            key = (item.writer, item.segment)
+            seg = self._segment(item) if self._later.get(key, 0.0) <= time.monotonic() else None
             if seg is None:
+                if key in self._later:
+                    later.append(item)
                 continue
             batch.records.append(seg.record(item.index))
             batch.refs.append(RecordRef(item.writer, item.segment, item.index))
@@ -274,6 +313,8 @@ class BufferReader:
                 self._release(item)
         for item in replays:
             self._pool.requeue(item)
+        for item in later:
+            self._pool.add(item)
         self.counters["taken"] += len(batch)
         self.counters["dropped_stale"] += batch.dropped_stale
         return batch
@@ -287,12 +328,15 @@ class BufferReader:
         try:  # only after a restore: the segment was read and checked before the save
             if not path.exists():
                 return self._from_archive(item)
-            seg = self._cache[key] = read_segment(path)
+            seg = self._cache[key] = read_segment(path, retry=self._retry)
+        except StillUnreadable as exc:  # `take` keeps the record for later
+            return self._read_later(item.writer, item.segment, path, exc)
         except CorruptSegment as exc:
             log.warning("lost a pending record: %s", exc)
             self.counters["lost_records"] += 1
             self._release(item)
             return None
+        self._later.pop(key, None)
         return seg
 
     def _from_archive(self, item: PoolItem) -> Segment | None:
@@ -301,7 +345,8 @@ class BufferReader:
         files = list_writer(self.buffer_dir / item.writer)
         span = files.archive_covering(item.segment)
         if span is not None:
-            for part in read_archive(self.buffer_dir / item.writer / archive_name(*span)):
+            for part in read_archive(self.buffer_dir / item.writer / archive_name(*span),
+                                     retry=self._retry):
                 if self._refs.get((item.writer, part.step_start)):
                     self._cache[item.writer, part.step_start] = part
         seg = self._cache.get((item.writer, item.segment))
@@ -316,6 +361,11 @@ class BufferReader:
         if self._refs[key] <= 0:
             del self._refs[key]
             self._cache.pop(key, None)
+
+    def io_metrics(self) -> dict[str, int]:
+        """This reader's retried reads (`core.retry.io_metrics`) and the reads it left
+        pending for a later poll, as metric values."""
+        return {**io_metrics(self.counters), "reads_deferred": int(self.counters["reads_deferred"])}
 
     # -- cursor ------------------------------------------------------------------------
 

@@ -4,6 +4,11 @@ A segment holds the records of one writer for a range of steps `[step_start, ste
 one HDF5 file with one dataset per field (docs/buffer-format.md). Variable-length sequences
 are stored flat with offsets; every dataset carries a `crc32` attribute that `read_segment`
 checks, so flipped bytes are found rather than trained on.
+
+Reads retry before they judge (`rft_hpc.core.retry`): a file is `CorruptSegment` only on
+proof, a checksum or the format contradicted by bytes read whole (`BadContent`), or an HDF5
+failure that repeats itself exactly when the file is read again. An I/O error that outlasts
+the retries raises `StillUnreadable` instead: the file may be fine, read it again later.
 """
 
 from __future__ import annotations
@@ -12,10 +17,10 @@ import json
 import os
 import re
 import zlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import h5py
 import numpy as np
@@ -23,10 +28,13 @@ from h5py import h5a, h5d, h5s
 
 from rft_hpc.buffer.records import RECORD_TYPES, Record
 from rft_hpc.core.errors import UserError
+from rft_hpc.core.retry import PROCESS_RETRY, Retrier, StillUnreadable
 
 SCHEMA_VERSION = 2
 LIBVER = ("v110", "v110")  # readable by any HDF5 >= 1.10; metadata carries checksums
 _NAME = re.compile(r"^(\d+)\.h5$")
+
+T = TypeVar("T")
 
 _decode_json = json.JSONDecoder().raw_decode  # no whitespace scan: the writer adds none
 
@@ -92,6 +100,28 @@ class CorruptSegment(Exception):
 
 class UnsupportedSegment(UserError):
     """A segment written by a newer rft-hpc (higher schema_version) than this one."""
+
+
+class BadContent(ValueError):
+    """Bytes read whole that contradict their checksum or the format: proof of damage."""
+
+
+def _is_proof(exc: BaseException) -> bool:
+    return isinstance(exc, BadContent | UnsupportedSegment)
+
+
+def read_judged(path: Path, read: Callable[[], T], *, retry: Retrier | None = None,
+                what: str = "segment") -> T:
+    """`read()` of the segment or archive file `path`, with retries, and the verdict on a
+    failure: `CorruptSegment` on proof (`BadContent`, or a failure that repeats exactly),
+    `UnsupportedSegment` as it is, `StillUnreadable` for I/O errors that outlast the tries
+    (ENOENT included: the file was listed, so it existed)."""
+    try:
+        return (retry or PROCESS_RETRY).read(what, path, read, proof=_is_proof, existed=True)
+    except (UnsupportedSegment, StillUnreadable):
+        raise
+    except Exception as exc:
+        raise CorruptSegment(path, f"{type(exc).__name__}: {exc}") from exc
 
 
 def segment_name(step_start: int) -> str:
@@ -176,13 +206,13 @@ def _read_attrs(f: h5py.File) -> dict[str, Any]:
     return attrs
 
 
-def read_segment_attrs(path: Path) -> dict[str, Any]:
-    """The file attributes of a segment, without reading or checking its data."""
-    try:
+def read_segment_attrs(path: Path, *, retry: Retrier | None = None) -> dict[str, Any]:
+    """The file attributes of a segment, without reading or checking its data (verdicts as
+    `read_judged`)."""
+    def attrs() -> dict[str, Any]:
         with h5py.File(path, "r") as f:
             return _read_attrs(f)
-    except Exception as exc:
-        raise CorruptSegment(path, f"cannot open: {exc}") from exc
+    return read_judged(path, attrs, retry=retry)
 
 
 def _py(v: Any) -> Any:
@@ -191,29 +221,31 @@ def _py(v: Any) -> Any:
     return v.item() if isinstance(v, np.generic) else v
 
 
-def read_segment(path: Path, *, fields: Sequence[str] | None = None) -> Segment:
+def read_segment(path: Path, *, fields: Sequence[str] | None = None,
+                 retry: Retrier | None = None) -> Segment:
     """Read a committed segment and check its structure and every checksum.
 
     With `fields`, only those datasets (plus what they need) are read and checked.
-    Raises `CorruptSegment` for anything unreadable or inconsistent, `UnsupportedSegment`
-    for a file from a newer schema.
+    Raises `CorruptSegment` on proof of damage, `StillUnreadable` when I/O errors outlast
+    the retries, `UnsupportedSegment` for a file from a newer schema (`read_judged`).
     """
-    try:
-        with h5py.File(path, "r") as f:
-            attrs = _read_attrs(f)
-            version = int(attrs["schema_version"])
-            if version > SCHEMA_VERSION:
-                raise UnsupportedSegment(
-                    f"{path} has schema_version {version}; this rft-hpc reads up to "
-                    f"{SCHEMA_VERSION}: upgrade rft-hpc")
-            kind = attrs["kind"]
-            if kind not in SCHEMAS:
-                raise ValueError(f"unknown kind {kind!r}")
-            columns = _read_columns(f, SCHEMAS[kind], int(attrs["num_records"]), fields)
-    except (UnsupportedSegment, CorruptSegment):
-        raise
-    except Exception as exc:  # any failure to read a committed file means it is damaged
-        raise CorruptSegment(path, f"{type(exc).__name__}: {exc}") from exc
+    return read_judged(path, lambda: read_segment_once(path, fields), retry=retry)
+
+
+def read_segment_once(path: Path, fields: Sequence[str] | None = None) -> Segment:
+    """One read of a segment file, no retry and no verdict: any failure is raised as it is
+    (`BadContent` for checked bytes that contradict the format)."""
+    with h5py.File(path, "r") as f:
+        attrs = _read_attrs(f)
+        version = int(attrs["schema_version"])
+        if version > SCHEMA_VERSION:
+            raise UnsupportedSegment(
+                f"{path} has schema_version {version}; this rft-hpc reads up to "
+                f"{SCHEMA_VERSION}: upgrade rft-hpc")
+        kind = attrs["kind"]
+        if kind not in SCHEMAS:
+            raise BadContent(f"unknown kind {kind!r}")
+        columns = _read_columns(f, SCHEMAS[kind], int(attrs["num_records"]), fields)
     return Segment(path, kind, str(attrs["writer"]), int(attrs["step_start"]),
                    int(attrs["step_end"]), columns)
 
@@ -228,7 +260,7 @@ def _read_columns(f: h5py.File, schema: KindSchema, n: int,
             continue
         off = _read_numeric(f, g.offsets, "<i8", n + 1)
         if off[0] != 0 or np.any(off[1:] < off[:-1]):
-            raise ValueError(f"{g.offsets} not increasing from 0")
+            raise BadContent(f"{g.offsets} not increasing from 0")
         cols[g.offsets] = off
         for name, dtype in g.columns:
             if name in wanted:
@@ -250,7 +282,7 @@ def _check_records(schema: KindSchema, cols: dict[str, Any]) -> None:
     for g in schema.groups:
         lengths = np.diff(cols[g.offsets])
         if np.any(prompt < 0) or np.any(prompt > lengths):
-            raise ValueError(f"a prompt_length lies outside its record ({g.offsets})")
+            raise BadContent(f"a prompt_length lies outside its record ({g.offsets})")
 
 
 def _stored_crc(ds: h5d.DatasetID) -> int:
@@ -266,13 +298,13 @@ def _read_numeric(f: h5py.File, name: str, dtype: str, length: int | None) -> np
     ds = h5d.open(f.id, name.encode())
     if len(ds.shape) != 1 or ds.dtype != np.dtype(dtype) or \
             (length is not None and ds.shape[0] != length):
-        raise ValueError(f"{name} is {ds.dtype}{ds.shape}, expected {dtype}({length},)")
+        raise BadContent(f"{name} is {ds.dtype}{ds.shape}, expected {dtype}({length},)")
     length = ds.shape[0]
     arr = np.empty(length, dtype=dtype)
     if length:
         ds.read(h5s.ALL, h5s.ALL, arr)
     if _crc_array(arr) != _stored_crc(ds):
-        raise ValueError(f"checksum mismatch in {name}")
+        raise BadContent(f"checksum mismatch in {name}")
     ds.close()
     return arr
 
@@ -280,10 +312,10 @@ def _read_numeric(f: h5py.File, name: str, dtype: str, length: int | None) -> np
 def _read_strings(f: h5py.File, name: str, n: int) -> list[str]:
     packed = _read_numeric(f, name, "|u1", None)
     if n and (not packed.size or packed[-1] != 0):
-        raise ValueError(f"{name} does not end with a NUL byte")
+        raise BadContent(f"{name} does not end with a NUL byte")
     values = packed[:-1].tobytes().decode("utf-8").split("\0") if n else []
     if len(values) != n:
-        raise ValueError(f"{name} holds {len(values)} strings, expected {n}")
+        raise BadContent(f"{name} holds {len(values)} strings, expected {n}")
     return values
 
 

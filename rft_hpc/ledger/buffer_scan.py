@@ -1,5 +1,8 @@
 """What `rft-hpc audit` needs to know of a buffer: every committed segment's size, steps and
-policy versions (segments held by archives included), and which were quarantined."""
+policy versions (segments held by archives included), and which were quarantined.
+
+A segment proven corrupt counts as lost; one that I/O errors keep unreadable through the
+retries stops the audit (`LedgerError`): its records are not lost, only not readable now."""
 
 from __future__ import annotations
 
@@ -18,6 +21,8 @@ from rft_hpc.buffer.segment import (
     read_segment_attrs,
     segment_name,
 )
+from rft_hpc.core.retry import StillUnreadable
+from rft_hpc.ledger.replay import LedgerError
 
 Ref = tuple[str, int, int]
 """A buffer record: (writer, segment's first step, index in the segment)."""
@@ -79,7 +84,16 @@ class BufferScan:
 
 def scan_buffer(buffer: Path) -> BufferScan:
     """Read every committed segment's step and policy_version columns (checksums checked);
-    an unreadable segment is kept with its `error` (its records count as lost)."""
+    a corrupt segment is kept with its `error` (its records count as lost). Raises
+    `LedgerError` when I/O errors keep a file unreadable through the retries."""
+    try:
+        return _scan(buffer)
+    except StillUnreadable as exc:
+        raise LedgerError(f"cannot audit the buffer now: {exc.filename}: {exc.strerror}; "
+                          "run the audit again") from exc
+
+
+def _scan(buffer: Path) -> BufferScan:
     scan = BufferScan(buffer)
     for writer in writer_names(buffer):
         files = list_writer(buffer / writer)

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from rft_hpc.core.retry import PROCESS_RETRY
 from rft_hpc.ledger.replay import LEDGER_VERSION, replay
 
 
@@ -30,7 +31,7 @@ class LedgerWriter:
         self.path = ledger_dir / f"{role}.jsonl"
         self.durable = durable
         self._fd = os.open(self.path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o666)
-        _cut_torn_tail(self._fd)
+        PROCESS_RETRY.read("ledger", self.path, lambda: _cut_torn_tail(self._fd))
         if os.fstat(self._fd).st_size == 0:
             self.append("ledger", ledger_version=LEDGER_VERSION, role=role)
 

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from rft_hpc.core.errors import UserError
+from rft_hpc.core.retry import read_bytes
 
 LEDGER_VERSION = 1
 """The ledger format this rft-hpc writes and the newest it reads (docs/ledger.md)."""
@@ -96,9 +97,11 @@ _REQUIRED = {
 
 def read_events(path: Path) -> list[Event]:
     """The events of a ledger file with their line numbers; a torn last line (no newline) is
-    skipped. Raises `LedgerError` naming the file and line of anything malformed."""
+    skipped. The file is read with retries (`core.retry`: a passing EIO or ESTALE is read
+    again). Raises `LedgerError` naming the file and line of anything malformed, or the
+    error that outlasted the retries."""
     try:
-        data = path.read_bytes()
+        data = read_bytes(path, what="ledger")
     except OSError as exc:
         raise LedgerError(f"cannot read ledger {path}: {exc.strerror or exc}") from None
     events = []

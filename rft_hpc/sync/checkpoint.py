@@ -19,6 +19,11 @@ A version folder is written under a `.tmp-` name, fsynced and renamed into place
 `LATEST` names it, so `LATEST` never points at an incomplete version. Old versions are pruned
 after `LATEST` moves on; a reader caught loading one gets `WeightsGone` and retries with the
 version `LATEST` names now (`load_latest_weights` does that).
+
+Every file of a version (and `LATEST`) is read with retries (`rft_hpc.core.retry`): a
+passing EIO or ESTALE is read again, and I/O errors that outlast the tries raise
+`WeightsUnavailable`, never a verdict on the weights; a missing file is not retried (a
+pruned version is gone, not damaged).
 """
 
 from __future__ import annotations
@@ -35,6 +40,7 @@ import torch
 
 from rft_hpc.config import ExperimentConfig
 from rft_hpc.core.errors import UserError
+from rft_hpc.core.retry import PROCESS_RETRY, StillUnreadable, read_bytes
 from rft_hpc.core.rundir import atomic_write_json, atomic_write_text, read_json, weights_folder_name
 from rft_hpc.models.lora import ADAPTER_CONFIG_FILE, ADAPTER_FILE, is_adapter_state
 from rft_hpc.sync.delta import CODEC, DELTA_FILE, DeltaMismatch, apply_state, describe, encode_state
@@ -80,6 +86,11 @@ class WeightsGone(WeightsError):
 
     Not a fault: read `LATEST` again and load the version it names.
     """
+
+
+class WeightsUnavailable(WeightsError):
+    """A file of the version kept failing with I/O errors through every retry: the weights
+    may well be intact; load them again later."""
 
 
 def version_dir(weights_dir: str | Path, version: int) -> Path:
@@ -213,10 +224,13 @@ def read_manifest(weights_dir: str | Path, version: int) -> dict[str, Any]:
 
 def _read_manifest(weights_dir: str | Path, version: int) -> dict[str, Any]:
     folder = version_dir(weights_dir, version)
+    path = folder / MANIFEST_FILE
     try:
-        manifest = read_json(folder / MANIFEST_FILE)
+        manifest = PROCESS_RETRY.read("weights manifest", path, lambda: read_json(path))
     except FileNotFoundError:
         raise _missing(Path(weights_dir), version, folder) from None
+    except StillUnreadable as e:
+        raise WeightsUnavailable(f"{path}: {e.strerror}") from e
     except (OSError, ValueError) as e:
         raise WeightsError(f"{folder / MANIFEST_FILE}: unreadable manifest ({e})") from e
     _check_manifest(manifest, version, folder)
@@ -227,9 +241,11 @@ def latest_weights_version(weights_dir: str | Path) -> int | None:
     """The version `LATEST` names, or None when nothing was published (one small read)."""
     path = Path(weights_dir) / LATEST_FILE
     try:
-        text = path.read_text(encoding="utf-8")
+        text = read_bytes(path, what="weights pointer").decode("utf-8", errors="replace")
     except FileNotFoundError:
         return None
+    except StillUnreadable as e:
+        raise WeightsUnavailable(f"{path}: {e.strerror}") from e
     try:
         return int(text.strip())
     except ValueError:
@@ -243,8 +259,9 @@ def load_weights(weights_dir: str | Path, version: int, buffer: ReadBuffer | Non
 
     Every file's size and checksum, and every tensor's name, dtype and shape, must match the
     manifest. Raises `WeightsGone` when the version was deleted before or during the load (a
-    newer one exists: load that), `WeightsError` for anything else (never published,
-    corrupted, unknown format). The tensors are views of one buffer per file: of `buffer`
+    newer one exists: load that), `WeightsUnavailable` when I/O errors outlast the retries
+    (load it again later), `WeightsError` for anything else (never published, corrupted,
+    unknown format). The tensors are views of one buffer per file: of `buffer`
     (valid until its next use; for a single-file model) when given.
 
     A delta version (manifest version 3) is applied to `held` = `(base, tensors)`, the
@@ -317,6 +334,8 @@ def _read_files(folder: Path, manifest: dict[str, Any],
         try:
             part, digest = load_safetensors(path, buffer if len(manifest["files"]) == 1
                                             else None)
+        except StillUnreadable as e:
+            raise WeightsUnavailable(f"{path}: {e.strerror}") from e
         except (OSError, ValueError) as e:
             raise _failure(folder, manifest, f"cannot read {path}: {e}") from e
         expected = FileDigest(entry["bytes"], entry["checksum"])

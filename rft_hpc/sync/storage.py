@@ -37,6 +37,7 @@ from pathlib import Path
 
 import torch
 
+from rft_hpc.core.retry import PROCESS_RETRY, Retrier
 from rft_hpc.core.rundir import TEMP_PREFIX, fsync_dir
 from rft_hpc.sync.crc import RunningCrc
 
@@ -136,15 +137,24 @@ def save_safetensors(path: Path, tensors: Mapping[str, torch.Tensor], *,
     return FileDigest(8 + len(blob) + offset, f"{checksum:08x}")
 
 
-def load_safetensors(path: Path, buffer: ReadBuffer | None = None,
+def load_safetensors(path: Path, buffer: ReadBuffer | None = None, *,
+                     retry: Retrier | None = None,
                      ) -> tuple[dict[str, torch.Tensor], FileDigest]:
     """Read a safetensors file in one pass; return its tensors (CPU) and size and CRC-32.
 
     The tensors are views of one buffer holding the whole file (no second copy): of
     `buffer` when given (valid until its next use), else of new memory that keeping any of
-    them keeps alive. Raises `ValueError` for a file that is not valid safetensors and
-    `OSError` when it cannot be read whole.
+    them keeps alive. A read that fails is tried again (`retry`, default `PROCESS_RETRY`):
+    after transient I/O errors, and once after any other failure. Raises `ValueError` for
+    a file that is not valid safetensors (the same failure twice), `FileNotFoundError` for
+    a missing one, and `OSError` (`StillUnreadable`) when I/O errors outlast the tries.
     """
+    return (retry or PROCESS_RETRY).read("weights file", path,
+                                         lambda: _load_safetensors_once(path, buffer))
+
+
+def _load_safetensors_once(path: Path, buffer: ReadBuffer | None,
+                           ) -> tuple[dict[str, torch.Tensor], FileDigest]:
     # two CRC threads: one falls behind memcpy from the page cache (0.26 vs 0.15 s per GB)
     with open(path, "rb", buffering=0) as f, RunningCrc.for_this_process(2) as running:
         size = os.fstat(f.fileno()).st_size

@@ -1,0 +1,192 @@
+"""Reads that retry before they judge: a passing filesystem error is not a damaged file.
+
+On a parallel filesystem (NFS, Lustre, GPFS) a read can fail for a moment, with EIO, ESTALE,
+EAGAIN, EINTR or ETIMEDOUT (a server failing over, a lock recalled, a file handle gone stale
+after a rename on another node), and succeed when tried again. Taking such a failure for
+proof of damage throws good data away: a quarantined segment is never trained on. Every
+read of a shared file (buffer segments and archives, published weights, ledgers) goes
+through one `ReadRetry`, which judges each failure:
+
+- **transient** (one of `TRANSIENT_ERRNOS`, also when HDF5 reports it inside its own error
+  text; ENOENT too when the caller knows the file existed): tried again after
+  `RetryPolicy.delays()`, one warning naming the path and errno; when the tries run out,
+  `StillUnreadable` (an `OSError` with that errno): the caller keeps the file for later;
+- **proof** (the caller's `proof` says so, e.g. a checksum mismatch): raised at once;
+- **missing** (ENOENT of a file not known to exist): raised at once, it is nobody's damage;
+- **anything else** (e.g. HDF5 finds a malformed file): read again; the same failure (type
+  and message) twice in a row is raised as it is, for the caller to take as proof; failures
+  that keep changing end as `StillUnreadable` like transient ones.
+
+Every retry is counted in the `Counter` the retrier was given (`io_retries`, and
+`io_recovered` / `io_gave_up` per read that needed one), which roles put in their metrics.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import re
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol, TypeVar
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+TRANSIENT_ERRNOS = frozenset({errno.EIO, errno.ESTALE, errno.EAGAIN, errno.EINTR,
+                              errno.ETIMEDOUT})
+"""Errors a shared filesystem returns for a moment and then not: worth reading again."""
+
+# How HDF5 (through h5py) reports the system call's failure inside its own message.
+_ERRNO_IN_TEXT = re.compile(r"errno = (\d+)")
+
+PROCESS_COUNTERS: Counter[str] = Counter()
+"""Retries of the reads that name no counter of their own (weights, ledgers), per process."""
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """How often and how long a failed read is tried again.
+
+    The default, 4 tries after waits of 0.1, 0.4 and 1.6 s (2.1 s in all), outlasts a lock
+    recall or a brief server hiccup without holding a role up long when a file really is
+    unreadable; `later_s` is how long a caller that keeps such a file pending waits before
+    it reads it again (the reader: at a poll after that).
+    """
+
+    tries: int = 4
+    first_delay_s: float = 0.1
+    factor: float = 4.0
+    max_delay_s: float = 2.0
+    later_s: float = 10.0
+
+    def delays(self) -> list[float]:
+        """The waits before the second, third, ... try: growing by `factor`, each at most
+        `max_delay_s`, `tries - 1` of them."""
+        return [min(self.first_delay_s * self.factor ** i, self.max_delay_s)
+                for i in range(max(self.tries, 1) - 1)]
+
+
+class StillUnreadable(OSError):
+    """A read whose errors outlasted every try: not proof of damage; read it again later."""
+
+    def __init__(self, code: int | None, path: str | os.PathLike[str], tries: int,
+                 last: BaseException) -> None:
+        name = errno.errorcode.get(code, "error") if code is not None else "changing errors"
+        super().__init__(code, f"still unreadable after {tries} tries ({name}): {last}",
+                         str(path))
+        self.tries = tries
+        self.last = last
+
+
+class Retrier(Protocol):
+    """What readers of shared files call to read one file with retries."""
+
+    def read(self, what: str, path: str | os.PathLike[str], fn: Callable[[], T], *,
+             proof: Callable[[BaseException], bool] | None = None,
+             existed: bool = False) -> T:
+        """`fn()`, tried again after transient errors; raises what `ReadRetry.read` says."""
+        ...
+
+
+def io_errno(exc: BaseException) -> int | None:
+    """The OS error number behind `exc` (its own, one it names in its text as HDF5 does,
+    or its cause's), or None when it names none."""
+    seen: set[int] = set()
+    e: BaseException | None = exc
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        if isinstance(e, OSError) and e.errno is not None:
+            return e.errno
+        m = _ERRNO_IN_TEXT.search(str(e))
+        if m:
+            return int(m.group(1))
+        e = e.__cause__ or e.__context__
+    return None
+
+
+class ReadRetry:
+    """Reads with retries and verdicts (module docstring), counted in `counters`."""
+
+    def __init__(self, counters: Counter[str] | None = None,
+                 policy: RetryPolicy | None = None,
+                 sleep: Callable[[float], None] = time.sleep) -> None:
+        self.counters = PROCESS_COUNTERS if counters is None else counters
+        self.policy = policy or RetryPolicy()
+        self._sleep = sleep
+
+    def read(self, what: str, path: str | os.PathLike[str], fn: Callable[[], T], *,
+             proof: Callable[[BaseException], bool] | None = None,
+             existed: bool = False) -> T:
+        """Return `fn()` (which reads `path`, a `what` such as "segment"), tried again while
+        its errors are transient or unproven.
+
+        Raises at once an error `proof` accepts, a `StillUnreadable` from a nested read, and
+        a missing file unless `existed`; raises an unproven error that repeated itself
+        exactly; raises `StillUnreadable` when the tries run out.
+        """
+        delays = self.policy.delays()
+        previous: tuple[type, str] | None = None
+        attempt = 0
+        while True:
+            try:
+                value = fn()
+            except Exception as exc:
+                code = self._judge(exc, proof, existed, previous)
+                if attempt == len(delays):
+                    self.counters["io_gave_up"] += 1
+                    raise StillUnreadable(code, path, attempt + 1, exc) from exc
+                if attempt == 0:  # an I/O error is worth a warning; an unproven one is not yet
+                    log.log(logging.WARNING if code is not None else logging.INFO,
+                            "%s %s: %s; reading it again (%d more tries within %.1f s)",
+                            what, path, _describe(code, exc), len(delays), sum(delays))
+                previous = (type(exc), str(exc))
+                self.counters["io_retries"] += 1
+                self._sleep(delays[attempt])
+                attempt += 1
+                continue
+            if attempt:
+                self.counters["io_recovered"] += 1
+                log.info("%s %s read on try %d", what, path, attempt + 1)
+            return value
+
+    @staticmethod
+    def _judge(exc: Exception, proof: Callable[[BaseException], bool] | None, existed: bool,
+               previous: tuple[type, str] | None) -> int | None:
+        """Re-raise `exc` when it is a verdict; else its errno (None: unproven), to retry."""
+        if isinstance(exc, StillUnreadable) or (proof is not None and proof(exc)):
+            raise exc
+        code = io_errno(exc)
+        if code in TRANSIENT_ERRNOS or (code == errno.ENOENT and existed):
+            return code
+        if code == errno.ENOENT:
+            raise exc
+        if previous == (type(exc), str(exc)):
+            raise exc  # failed the same way twice: the file is what it is
+        return code
+
+
+def _describe(code: int | None, exc: BaseException) -> str:
+    if code is not None:
+        return f"{errno.errorcode.get(code, code)} (errno {code})"
+    return f"{type(exc).__name__}: {exc}"
+
+
+PROCESS_RETRY = ReadRetry()
+"""The retrier of reads that bring no counters of their own (counted in PROCESS_COUNTERS)."""
+
+
+def io_metrics(counters: Counter[str] | None = None) -> dict[str, int]:
+    """The retry counts of `counters` (default: this process's), as metric values."""
+    c = PROCESS_COUNTERS if counters is None else counters
+    return {name: int(c[name]) for name in ("io_retries", "io_recovered", "io_gave_up")}
+
+
+def read_bytes(path: Path, *, retry: Retrier | None = None, what: str = "file") -> bytes:
+    """The whole file, read with retries (by `PROCESS_RETRY` unless `retry` is given)."""
+    return (retry or PROCESS_RETRY).read(what, path, path.read_bytes)
