@@ -12,10 +12,11 @@ through one `ReadRetry`, which judges each failure:
   `RetryPolicy.delays()`, one warning naming the path and errno; when the tries run out,
   `StillUnreadable` (an `OSError` with that errno): the caller keeps the file for later;
 - **proof** (the caller's `proof` says so, e.g. a checksum mismatch): raised at once;
-- **missing** (ENOENT of a file not known to exist): raised at once, it is nobody's damage;
-- **anything else** (e.g. HDF5 finds a malformed file): read again; the same failure (type
-  and message) twice in a row is raised as it is, for the caller to take as proof; failures
-  that keep changing end as `StillUnreadable` like transient ones.
+- **any other OS error** (EACCES, ENOENT of a file not known to exist, ...): raised at
+  once; a missing file is nobody's damage, and the caller says what it means;
+- **an error without an errno** (e.g. HDF5 finds a malformed file): read again; the same
+  failure (type and message) twice in a row is raised as it is, for the caller to take as
+  proof; failures that keep changing end as `StillUnreadable` like transient ones.
 
 Every retry is counted in the `Counter` the retrier was given (`io_retries`, and
 `io_recovered` / `io_gave_up` per read that needed one), which roles put in their metrics.
@@ -127,8 +128,9 @@ class ReadRetry:
         its errors are transient or unproven.
 
         Raises at once an error `proof` accepts, a `StillUnreadable` from a nested read, and
-        a missing file unless `existed`; raises an unproven error that repeated itself
-        exactly; raises `StillUnreadable` when the tries run out.
+        an OS error that is not transient (ENOENT is, with `existed`); raises an error
+        without an errno that repeated itself exactly; raises `StillUnreadable` when the
+        tries run out.
         """
         delays = self.policy.delays()
         previous: tuple[type, str] | None = None
@@ -164,11 +166,11 @@ class ReadRetry:
         code = io_errno(exc)
         if code in TRANSIENT_ERRNOS or (code == errno.ENOENT and existed):
             return code
-        if code == errno.ENOENT:
+        if code is not None:  # EACCES, ENOENT of a file never seen, ...: no passing fault
             raise exc
         if previous == (type(exc), str(exc)):
             raise exc  # failed the same way twice: the file is what it is
-        return code
+        return None
 
 
 def _describe(code: int | None, exc: BaseException) -> str:
