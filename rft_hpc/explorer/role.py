@@ -20,6 +20,7 @@ import numpy as np
 
 from rft_hpc.buffer.writer import SegmentWriter
 from rft_hpc.config import ExperimentConfig
+from rft_hpc.core.retry import io_metrics
 from rft_hpc.engines import build_engine
 from rft_hpc.explorer.multiturn import SerialEngine, TurnSettings
 from rft_hpc.explorer.overrollout import MultiTurnExplorer
@@ -122,7 +123,7 @@ def run_explorer(stage_dir: Path, index: int) -> int:
         last = max((e.info.get("last_version", e.policy_version) for e in experiences),
                    default=version)
         values.update(version=engine.version, seconds=seconds, wait_seconds=follower.waited,
-                      sync_fallbacks=follower.fallbacks)
+                      sync_fallbacks=follower.fallbacks, **io_metrics())  # weights' reads
         follower.waited = 0.0
         metrics.log(done_step, values)
         first = min((e.policy_version for e in experiences), default=version)

@@ -305,7 +305,7 @@ def _lead(trainer: Trainer, run: RunDir, stop: StopFlag, saved: TrainerState | N
                 last_eval = step
             clock.observe_step(time.monotonic() - t1)
             values.update(seconds=time.monotonic() - t0, wait_seconds=t1 - t0,
-                          backlog=reader.pending)
+                          backlog=reader.pending, **reader.io_metrics())
             ledger.append("step", step=step, consumed=compact_refs(batch.refs),
                           published=published, dropped_stale=batch.dropped_stale,
                           seconds=round(time.monotonic() - t0, 4))
