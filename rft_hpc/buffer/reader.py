@@ -148,6 +148,7 @@ class BufferReader:
         start = self._next[writer]
         if self._later.get((writer, start), 0.0) > time.monotonic():
             return None
+        self._later.pop((writer, start), None)  # its time came: read it again
         end = self._archives[writer].get(start)
         if end is not None:
             return self._read_archive(writer, (start, end), start)
@@ -183,7 +184,6 @@ class BufferReader:
                 quarantine_segment(self.buffer_dir, path, f"found by a reader: {exc.reason}")
             return self._skip_if_superseded(writer, start, exc.reason)
         self._stuck.pop(writer, None)
-        self._later.pop((writer, start), None)
         self._next[writer] = seg.step_end
         return self._add_segment(writer, seg)
 
@@ -235,7 +235,6 @@ class BufferReader:
             self.skipped.append({"writer": writer, "segment": start, "reason": exc.reason})
             self._next[writer] = span[1]
             return 0
-        self._later.pop((writer, start), None)
         self._next[writer] = span[1]
         self.counters["archives_read"] += 1
         return sum(self._add_segment(writer, p) for p in parts if p.step_start >= start)
@@ -268,8 +267,10 @@ class BufferReader:
 
     @property
     def pending(self) -> int:
-        """Records discovered and still to be handed out (counting allowed replays once)."""
-        return len(self._pool)
+        """Records discovered and still to be handed out (counting allowed replays once),
+        plus one for each file left unreadable for now: its records are still to come, so a
+        reader with any is never out of data."""
+        return len(self._pool) + len(self._later)
 
     def take(self, n: int, policy_version: int | None = None) -> Batch:
         """Hand out up to `n` records in policy order (fewer if fewer are available).
@@ -297,9 +298,13 @@ class BufferReader:
                         continue
                     weight = cfg.stale_weight ** excess
             key = (item.writer, item.segment)
-            seg = self._segment(item) if self._later.get(key, 0.0) <= time.monotonic() else None
+            if self._later.get(key, 0.0) > time.monotonic():
+                later.append(item)
+                continue
+            self._later.pop(key, None)
+            seg = self._segment(item)
             if seg is None:
-                if key in self._later:
+                if key in self._later:  # unreadable for now, not lost
                     later.append(item)
                 continue
             batch.records.append(seg.record(item.index))
@@ -336,7 +341,6 @@ class BufferReader:
             self.counters["lost_records"] += 1
             self._release(item)
             return None
-        self._later.pop(key, None)
         return seg
 
     def _from_archive(self, item: PoolItem) -> Segment | None:

@@ -88,11 +88,13 @@ def test_an_error_that_outlasts_the_retries_leaves_the_segment_for_a_later_poll(
     assert steps_read(reader) == {0: RECORDS, 1: RECORDS}  # stops at step 2 for now
     write_steps(buffer_dir, range(4, 6), RECORDS, into=w)
     assert steps_read(reader) == {}  # still waiting: later segments do not jump the queue
+    assert reader.pending == 1  # not out of data: a trainer keeps waiting for it
     pending = str(buffer_dir / "w0" / segment_name(2))
     assert any(pending in r.getMessage() and "left pending" in r.getMessage()
                for r in caplog.records)
     time.sleep(policy.later_s)
     assert steps_read(reader) == {step: RECORDS for step in range(2, 6)}
+    assert reader.pending == 0
     assert quarantined(buffer_dir) == [] and reader.skipped == []
     assert reader.counters["reads_deferred"] == 1 and reader.counters["io_gave_up"] == 1
 
@@ -178,3 +180,22 @@ def test_the_injector_counts_per_fault_and_leaves_other_paths_alone(
     assert caught.value.errno == errno.EIO
     a.write_text("written")  # a write is not a read
     assert a.read_text() == "written"
+
+
+def test_a_restored_reader_keeps_records_whose_segment_is_unreadable_for_now(
+        buffer_dir: Path, faults) -> None:
+    write_steps(buffer_dir, range(3), RECORDS)
+    first = BufferReader(buffer_dir)
+    first.poll()
+    handed = [check_record(r)["step"] for r in first.take(2).records]
+    state = json.loads(json.dumps(first.state_dict()))
+    faults(segment_fault(1, "ESTALE", [1, 2]))
+    policy = RetryPolicy(tries=2, first_delay_s=0.01, later_s=0.3)
+    restored = BufferReader(buffer_dir, state=state, retry=policy)
+    now = Counter(check_record(r)["step"] for r in restored.take(100).records)
+    assert now == {0: RECORDS - 2, 2: RECORDS}  # step 1's records wait ...
+    assert restored.pending == RECORDS + 1 and restored.counters["lost_records"] == 0
+    time.sleep(policy.later_s)
+    later = Counter(check_record(r)["step"] for r in restored.take(100).records)
+    assert later == {1: RECORDS}  # ... and come once their segment reads again
+    assert Counter(handed) + now + later == {step: RECORDS for step in range(3)}
