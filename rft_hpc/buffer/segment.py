@@ -28,7 +28,7 @@ from h5py import h5a, h5d, h5s
 
 from rft_hpc.buffer.records import RECORD_TYPES, Record
 from rft_hpc.core.errors import UserError
-from rft_hpc.core.retry import PROCESS_RETRY, Retrier, StillUnreadable
+from rft_hpc.core.retry import PROCESS_RETRY, Retrier, StillUnreadable, io_errno
 
 SCHEMA_VERSION = 2
 LIBVER = ("v110", "v110")  # readable by any HDF5 >= 1.10; metadata carries checksums
@@ -113,14 +113,18 @@ def _is_proof(exc: BaseException) -> bool:
 def read_judged(path: Path, read: Callable[[], T], *, retry: Retrier | None = None,
                 what: str = "segment") -> T:
     """`read()` of the segment or archive file `path`, with retries, and the verdict on a
-    failure: `CorruptSegment` on proof (`BadContent`, or a failure that repeats exactly),
-    `UnsupportedSegment` as it is, `StillUnreadable` for I/O errors that outlast the tries
-    (ENOENT included: the file was listed, so it existed)."""
+    failure: `CorruptSegment` on proof (`BadContent`, or a failure without an errno that
+    repeats exactly), `UnsupportedSegment` as it is, `StillUnreadable` for I/O errors that
+    outlast the tries (ENOENT included: the file was listed, so it existed) and for any
+    other OS error (EACCES, EMFILE, ...), which says nothing about the file's bytes."""
     try:
         return (retry or PROCESS_RETRY).read(what, path, read, proof=_is_proof, existed=True)
     except (UnsupportedSegment, StillUnreadable):
         raise
     except Exception as exc:
+        code = io_errno(exc)
+        if code is not None:
+            raise StillUnreadable(code, path, 1, exc) from exc
         raise CorruptSegment(path, f"{type(exc).__name__}: {exc}") from exc
 
 

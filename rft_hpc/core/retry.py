@@ -74,13 +74,14 @@ class RetryPolicy:
 
 
 class StillUnreadable(OSError):
-    """A read whose errors outlasted every try: not proof of damage; read it again later."""
+    """A read whose errors outlasted the tries (or a caller's OS error that is no verdict
+    on the file's bytes): not proof of damage; read it again later."""
 
     def __init__(self, code: int | None, path: str | os.PathLike[str], tries: int,
                  last: BaseException) -> None:
         name = errno.errorcode.get(code, "error") if code is not None else "changing errors"
-        super().__init__(code, f"still unreadable after {tries} tries ({name}): {last}",
-                         str(path))
+        tried = "1 try" if tries == 1 else f"{tries} tries"
+        super().__init__(code, f"unreadable after {tried} ({name}): {last}", str(path))
         self.tries = tries
         self.last = last
 

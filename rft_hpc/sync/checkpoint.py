@@ -20,10 +20,9 @@ A version folder is written under a `.tmp-` name, fsynced and renamed into place
 after `LATEST` moves on; a reader caught loading one gets `WeightsGone` and retries with the
 version `LATEST` names now (`load_latest_weights` does that).
 
-Every file of a version (and `LATEST`) is read with retries (`rft_hpc.core.retry`): a
-passing EIO or ESTALE is read again, and I/O errors that outlast the tries raise
-`WeightsUnavailable`, never a verdict on the weights; a missing file is not retried (a
-pruned version is gone, not damaged).
+Every file (and `LATEST`) is read with retries (`rft_hpc.core.retry`); I/O errors that
+outlast them raise `WeightsUnavailable`, no verdict on the weights. A missing file is not
+retried: a pruned version is gone, not damaged.
 """
 
 from __future__ import annotations

@@ -199,3 +199,19 @@ def test_a_restored_reader_keeps_records_whose_segment_is_unreadable_for_now(
     later = Counter(check_record(r)["step"] for r in restored.take(100).records)
     assert later == {1: RECORDS}  # ... and come once their segment reads again
     assert Counter(handed) + now + later == {step: RECORDS for step in range(3)}
+
+
+def test_an_os_error_that_says_nothing_of_the_bytes_is_no_verdict(buffer_dir: Path,
+                                                                  faults) -> None:
+    write_steps(buffer_dir, range(3), RECORDS)
+    faults(segment_fault(1, "EMFILE", [1]), segment_fault(2, "EACCES", [1]))
+    policy = RetryPolicy(later_s=0.2)
+    reader = BufferReader(buffer_dir, quarantine=True, retry=policy)
+    seen = steps_read(reader)
+    assert seen == {0: RECORDS}
+    assert reader.counters["io_retries"] == 0  # not retried on the spot ...
+    for _ in range(2):
+        time.sleep(policy.later_s)
+        seen += steps_read(reader)
+    assert quarantined(buffer_dir) == [] and reader.skipped == []  # ... nor judged
+    assert seen == {step: RECORDS for step in range(3)}
