@@ -64,6 +64,7 @@ class Fault:
 
     @classmethod
     def from_json(cls, index: int, spec: dict[str, Any], seed: int) -> Fault:
+        """Entry `index` of a schedule; `ValueError` for an unknown key, call or action."""
         unknown = set(spec) - {"call", "path", "process", "mode", "nth", "probability",
                                "action", "errno", "seconds"}
         if unknown or spec.get("call") not in CALLS or spec.get("action", "raise") not in (
@@ -106,6 +107,7 @@ class Schedule:
 
     @classmethod
     def from_json(cls, text: str) -> Schedule:
+        """The schedule a JSON text describes (module docstring)."""
         data = json.loads(text)
         seed = int(data.get("seed", 0))
         return cls([Fault.from_json(i, f, seed) for i, f in enumerate(data["faults"])],
