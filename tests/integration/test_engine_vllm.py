@@ -8,6 +8,7 @@ import time
 
 import pytest
 import torch
+from helpers.explore import explore_step
 from helpers.paths import DEMO
 from helpers.runs import rft, rollouts, short
 
@@ -17,7 +18,7 @@ from rft_hpc.config.schema import VLLMConfig
 from rft_hpc.engines.hf import load_policy
 from rft_hpc.engines.requests import GroupRequest
 from rft_hpc.engines.vllm import VLLMEngine
-from rft_hpc.explorer.workflow import SamplingSettings, completion_to_experience, explore_tasks
+from rft_hpc.explorer.workflow import SamplingSettings, completion_to_experience
 from rft_hpc.tasks.task import Task
 from rft_hpc.trainer.prepare import token_versions
 from rft_hpc.trainer.versions import PolicyVersions
@@ -65,7 +66,7 @@ def hf_sequence_logprobs(model, sequences):
 
 
 def assert_sampled_logprobs_are_the_trainers(engine, model, temperature, seed=5):
-    experiences, _ = explore_tasks(
+    experiences, _ = explore_step(
         engine, TASKS, SamplingSettings(repeat=4, max_new_tokens=6, temperature=temperature),
         first_group_id=10, step=0, seed=seed)
     assert len(experiences) == 12
