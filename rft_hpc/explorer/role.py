@@ -25,7 +25,7 @@ from rft_hpc.buffer.writer import SegmentWriter
 from rft_hpc.config import ExperimentConfig
 from rft_hpc.core.rundir import RunDir
 from rft_hpc.engines import build_engine
-from rft_hpc.engines.protocol import InferenceEngine
+from rft_hpc.engines.protocol import StreamingEngine
 from rft_hpc.explorer.multiturn import TurnSettings
 from rft_hpc.explorer.overrollout import MultiTurnExplorer
 from rft_hpc.explorer.protocols import CompletedStep, StepTasks, Workflow
@@ -69,7 +69,7 @@ def step_seed(seed: int, step: int, index: int) -> int:
     return int(np.random.SeedSequence([seed, step, index]).generate_state(1)[0])
 
 
-EngineStarter = Callable[[], InferenceEngine]
+EngineStarter = Callable[[], StreamingEngine]
 """Builds the explorer's engine with the start weights loaded (slow: a model to load)."""
 
 WorkflowBuilder = Callable[[ExperimentConfig, RunDir, str, EngineStarter], Workflow]
@@ -214,7 +214,7 @@ class ExplorerLoop:
 
 
 def _engine_starter(config: ExperimentConfig) -> EngineStarter:
-    def start() -> InferenceEngine:
+    def start() -> StreamingEngine:
         engine = build_engine(config)
         load_start_weights(engine, config)
         return engine
