@@ -190,6 +190,7 @@ class VLLMEngine:
             raise ValueError(f"weights {version} lack {len(missing)} tensors of the model, "
                              f"e.g. {sorted(missing)[:3]}")
         if self.update_from_memory:
+            # Any: the keyword arguments of vLLM's `reload_weights`, each of its own type
             kwargs: dict[str, Any] = {"weights_iterator": list(state_dict.items())}
         else:
             kwargs = {"weights_path": str(self._write_scratch(state_dict))}
