@@ -20,7 +20,7 @@ load); `MegatronPolicy.hf_state` gathers them back (a collective of every rank).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 import torch
 
@@ -113,7 +113,8 @@ def build_policy(hf_model: torch.nn.Module, *, tensor_parallel: int, pipeline_pa
     `parallel_state` must be initialised with these sizes."""
     from megatron.core import parallel_state
 
-    config = hf_model.config
+    # an HF model's config: nn.Module's __getattr__ types every attribute Tensor | Module
+    config = cast("PretrainedConfig", hf_model.config)
     shape = ModelShape.from_hf(config)
     layout = Layout.for_model(shape, tensor_parallel, pipeline_parallel)
     vocab = padded_vocab_size(shape.vocab_size, tensor_parallel, divisible_by)
