@@ -188,7 +188,7 @@ def _set_path(data: dict[object, object], keys: tuple[str, ...], value: object) 
 
 
 def _unshared(below: object) -> object:
-    """The value on the way to a key being set: `{}` for a missing or empty one, a copy of a
+    """The value on the way to a key being set: `{}` for a missing or null one, a copy of a
     mapping or a list (YAML aliases may share it with another path), else itself."""
     if below is None:
         return {}
