@@ -42,6 +42,7 @@ def _peft() -> Any:
                         "pip install 'rft-hpc[lora]'") from exc
 
 
+# Any: peft is optional (see _peft), so its LoraConfig cannot be named here
 def peft_config(settings: LoraSettings, base_model: str | None = None) -> Any:
     """peft's `LoraConfig` for a causal LM with these settings."""
     return _peft().LoraConfig(r=settings.rank, lora_alpha=settings.alpha,
@@ -137,7 +138,7 @@ def adapter_config(settings: LoraSettings, tensor_names: Iterable[str],
     return json.loads(json.dumps(config, default=_json_default))
 
 
-def _json_default(value: Any) -> Any:
+def _json_default(value: object) -> list[object]:
     if isinstance(value, set | frozenset):
         return sorted(value)
     raise TypeError(f"{type(value).__name__} is not JSON")
