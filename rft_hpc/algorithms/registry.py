@@ -10,7 +10,6 @@ Names are Trinity-RFT's (`advantage_fn`, `policy_loss_fn`). A user's function is
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
 
 import torch
 
@@ -69,7 +68,7 @@ def resolve_policy_loss(name: str) -> PolicyLossFn:
     return resolve(name, POLICY_LOSSES, "policy loss")
 
 
-def compute_advantages(name: str, batch: AdvantageBatch, **params: Any) -> Advantages:
+def compute_advantages(name: str, batch: AdvantageBatch, **params: object) -> Advantages:
     """Resolve `name` and apply it to `batch` with `params`; checks the result's shapes."""
     out = resolve_advantage(name)(batch, **params)
     if not isinstance(out, tuple) or len(out) != 2:
@@ -84,6 +83,6 @@ def compute_advantages(name: str, batch: AdvantageBatch, **params: Any) -> Advan
 
 
 def compute_policy_loss(name: str, inputs: PolicyLossInputs,
-                        **params: Any) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+                        **params: object) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Resolve `name` and apply it to `inputs` with `params`."""
     return resolve_policy_loss(name)(inputs, **params)

@@ -13,7 +13,7 @@ import json
 import math
 import os
 import shutil
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -78,7 +78,7 @@ class _Encoder:
         return ids + ([self.eos] if self.eos is not None else [])
 
 
-def _check_keys(obj: dict[str, Any], kind: str, tokenized: bool) -> None:
+def _check_keys(obj: Mapping[str, object], kind: str, tokenized: bool) -> None:
     required, optional = (_TOKEN_FIELDS if tokenized else _TEXT_FIELDS)[kind]
     missing = sorted(required - obj.keys())
     if missing:
@@ -92,7 +92,9 @@ def _check_keys(obj: dict[str, Any], kind: str, tokenized: bool) -> None:
         raise LineError(f"line is a {obj['kind']!r} record, importing --kind {kind}")
 
 
-def _get(obj: dict[str, Any], key: str, typ: type | tuple[type, ...], default: Any = None) -> Any:
+# -> Any: the value's type is checked against `typ` at run time, which a checker cannot follow
+def _get(obj: Mapping[str, object], key: str, typ: type | tuple[type, ...],
+         default: object = None) -> Any:
     if key not in obj:
         return default
     value = obj[key]
@@ -107,7 +109,7 @@ def _tuple(typ: type | tuple[type, ...]) -> tuple[type, ...]:
     return typ if isinstance(typ, tuple) else (typ,)
 
 
-def _int_list(obj: dict[str, Any], key: str) -> list[int] | None:
+def _int_list(obj: Mapping[str, object], key: str) -> list[int] | None:
     value = _get(obj, key, list)
     if value is not None and not all(isinstance(v, int) and not isinstance(v, bool)
                                      for v in value):
@@ -115,7 +117,7 @@ def _int_list(obj: dict[str, Any], key: str) -> list[int] | None:
     return value
 
 
-def _float_list(obj: dict[str, Any], key: str) -> list[float] | None:
+def _float_list(obj: Mapping[str, object], key: str) -> list[float] | None:
     value = _get(obj, key, list)
     if value is not None and not all(isinstance(v, int | float) and not isinstance(v, bool)
                                      for v in value):
@@ -126,7 +128,7 @@ def _float_list(obj: dict[str, Any], key: str) -> list[float] | None:
 _NUM = (int, float)
 
 
-def _common(obj: dict[str, Any]) -> dict[str, Any]:
+def _common(obj: Mapping[str, object]) -> dict[str, Any]:
     out = {"task_id": _get(obj, "task_id", str, ""), "taskset": _get(obj, "taskset", str,
                                                                         "default"),
            "info": _get(obj, "info", dict, {})}
@@ -135,7 +137,7 @@ def _common(obj: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def line_to_record(kind: str, obj: Any, encoder: Callable[[], _Encoder | None]) -> Record:
+def line_to_record(kind: str, obj: object, encoder: Callable[[], _Encoder | None]) -> Record:
     """One parsed JSONL object as a record of `kind`; raises `LineError` if it is malformed."""
     if not isinstance(obj, dict):
         raise LineError(f"expected a JSON object, got {type(obj).__name__}")
@@ -217,7 +219,7 @@ def read_jsonl_records(src: Path, kind: str, tokenizer: Path | None = None) -> l
     return records
 
 
-def _lines(src: Path, f: Any) -> Iterator[str]:
+def _lines(src: Path, f: Iterable[str]) -> Iterator[str]:
     try:
         yield from f
     except UnicodeDecodeError as exc:

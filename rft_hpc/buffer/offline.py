@@ -7,13 +7,16 @@ from __future__ import annotations
 
 import random
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING
 
 from rft_hpc.buffer.records import DPOPair, Record, SFTSample
 from rft_hpc.config.prompt import PromptConfig
 from rft_hpc.tasks.offline_rows import OfflineExample
 from rft_hpc.tasks.prompts import prompt_ids, response_ids, stop_token_ids
 from rft_hpc.tasks.task import Task
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 
 def wrong_answer(task: Task, rng: random.Random) -> str:
@@ -27,8 +30,8 @@ def wrong_answer(task: Task, rng: random.Random) -> str:
     return str(value + rng.choice([-1, 1]) * rng.randint(1, 10))
 
 
-def task_records(tasks: Sequence[Task], tokenizer: Any, kind: str, seed: int = 0, *,
-                 prompt_format: PromptConfig | None = None,
+def task_records(tasks: Sequence[Task], tokenizer: PreTrainedTokenizerBase, kind: str,
+                 seed: int = 0, *, prompt_format: PromptConfig | None = None,
                  stop_ids: list[int] | None = None) -> list[Record]:
     """One record per task: an `sft` sample (prompt, answer, stop token) or a `dpo` pair
     (answer chosen, `wrong_answer` rejected, each ending with the stop token); the prompt is
@@ -53,7 +56,7 @@ def task_records(tasks: Sequence[Task], tokenizer: Any, kind: str, seed: int = 0
     return out
 
 
-def example_records(examples: Sequence[OfflineExample], tokenizer: Any, *,
+def example_records(examples: Sequence[OfflineExample], tokenizer: PreTrainedTokenizerBase, *,
                     prompt_format: PromptConfig | None = None,
                     stop_ids: list[int] | None = None) -> list[Record]:
     """One record per example: an `sft` sample (prompt, response, stop token) or a `dpo`

@@ -16,17 +16,18 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 import numpy as np
+from numpy.typing import ArrayLike
 
 
-def _ints(x: Any) -> np.ndarray:
+def _ints(x: ArrayLike) -> np.ndarray:
     return np.ascontiguousarray(x, dtype=np.int32)
 
 
-def _mask(x: Any) -> np.ndarray:
+def _mask(x: ArrayLike) -> np.ndarray:
     return np.ascontiguousarray(x, dtype=np.uint8)
 
 
-def _floats(x: Any) -> np.ndarray:
+def _floats(x: ArrayLike) -> np.ndarray:
     return np.ascontiguousarray(x, dtype=np.float32)
 
 
@@ -134,7 +135,7 @@ def _check_aligned(record: Experience | SFTSample, names: tuple[str, ...]) -> No
             raise ValueError(f"{name} has {len(getattr(record, name))} entries, tokens have {n}")
 
 
-def _records_equal(a: Any, b: Any) -> bool:
+def _records_equal(a: Record, b: object) -> bool:
     """Field-by-field equality; arrays compare by value (NaN equal to NaN)."""
     if type(a) is not type(b):
         return NotImplemented

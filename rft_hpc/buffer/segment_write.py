@@ -24,7 +24,7 @@ from typing import Any
 
 import h5py
 import numpy as np
-from h5py import h5a, h5d, h5p, h5s, h5t
+from h5py import h5a, h5d, h5g, h5p, h5s, h5t
 
 from rft_hpc import __version__
 from rft_hpc.buffer.records import Record
@@ -95,13 +95,14 @@ def _scalar_columns(schema: KindSchema, records: Sequence[Record]) -> dict[str, 
     return {name: np.ascontiguousarray(table[name]) for name in names}
 
 
-def _write_attr(obj: Any, name: str, value: np.ndarray, tid: h5t.TypeID) -> None:
+def _write_attr(obj: h5g.GroupID | h5d.DatasetID, name: str, value: np.ndarray,
+                tid: h5t.TypeID) -> None:
     attr = h5a.create(obj, name.encode(), tid, h5s.create(h5s.SCALAR))
     attr.write(value)
     attr.close()
 
 
-def _attr_value(v: Any) -> tuple[np.ndarray, h5t.TypeID]:
+def _attr_value(v: int | float | str) -> tuple[np.ndarray, h5t.TypeID]:
     """A file attribute: int64, float64, or a string as fixed-length UTF-8 bytes (stored in
     the checksummed object header, never in HDF5's unchecked global heap)."""
     if isinstance(v, str):
@@ -261,7 +262,8 @@ def write_segment_file(path: os.PathLike[str] | str, kind: str, records: Sequenc
 
 
 def _write_file(path: os.PathLike[str] | str, cols: list[_Column], crcs: list[int],
-                crcs_done: Callable[[], None], attrs: dict[str, Any]) -> None:
+                crcs_done: Callable[[], None],
+                attrs: dict[str, int | float | str]) -> None:
     dcpl = _dcpl()
     # The data goes in through HDF5's own file descriptor while HDF5 holds the file open:
     # safe because HDF5 never writes (or caches) a byte of a dataset it is given no data

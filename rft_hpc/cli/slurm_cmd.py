@@ -4,12 +4,15 @@ status_cmd)."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 import typer
 from rich.table import Table
 
 from rft_hpc.core.console import console
+
+if TYPE_CHECKING:
+    from rft_hpc.launch.submit import SubmitResult
 
 _SET = typer.Option([], "--set", help="Override a key: --set trainer.lr=1e-5.")
 _NAME = typer.Option(None, "--name", help="Run name (sets run.name).")
@@ -45,7 +48,7 @@ def submit(
     console.print(f"run directory: {result.root}   watch: rft-hpc status {result.root}")
 
 
-def submitted_table(result: Any, what: str) -> Table:
+def submitted_table(result: SubmitResult, what: str) -> Table:
     """One row per job submitted: name, Slurm id, the jobs it waits for, its script."""
     table = Table(title=f"run {result.root.name}: {what}")
     for col in ("job", "slurm id", "waits for", "script"):

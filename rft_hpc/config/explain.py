@@ -12,7 +12,7 @@ import difflib
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cache
-from typing import Any, Literal, get_args, get_origin
+from typing import Literal, get_args, get_origin
 
 from pydantic import BaseModel
 from pydantic_core import ErrorDetails
@@ -53,7 +53,7 @@ class Target:
     owner: type[BaseModel] | None
     """The model whose field (or unknown key) the last key is; None for mapping entries."""
 
-    annotation: Any
+    annotation: object
     """Declared type at the key, with None removed from optional types; None if unknown."""
 
     discriminator: str | None
@@ -73,7 +73,7 @@ def locate(root: type[BaseModel], loc: Sequence[Key]) -> Target:
     the user wrote it (union member labels dropped) and the model and type found there."""
     keys: list[Key] = []
     owner: type[BaseModel] | None = root
-    annotation: Any = root
+    annotation: object = root
     discriminator: str | None = None
     for step in loc:
         annotation = without_none(annotation)
@@ -117,7 +117,7 @@ def explain(root: type[BaseModel], error: ErrorDetails) -> tuple[tuple[Key, ...]
     return target.keys, f"{error['msg']} (got {describe(given)})"
 
 
-def _explain_tag(target: Target, given: Any) -> tuple[tuple[Key, ...], str]:
+def _explain_tag(target: Target, given: object) -> tuple[tuple[Key, ...], str]:
     disc = target.discriminator
     assert disc is not None
     known = [tag for member in get_args(target.annotation) for tag in tags(member, disc)]
@@ -127,7 +127,7 @@ def _explain_tag(target: Target, given: Any) -> tuple[tuple[Key, ...], str]:
     return target.keys, f"needs a '{disc}' key, one of {choices}"
 
 
-def _expected_choice(choices: Sequence[Any], given: Any, fallback: str) -> str:
+def _expected_choice(choices: Sequence[object], given: object, fallback: str) -> str:
     listed = ", ".join(repr(c) for c in choices) if choices else fallback
     message = f"expected one of {listed}, got {describe(given)}"
     if isinstance(given, str):
@@ -159,7 +159,7 @@ def _did_you_mean_text(matches: Sequence[str]) -> str:
     return f"; did you mean {listed}?"
 
 
-def describe(value: Any) -> str:
+def describe(value: object) -> str:
     """A short phrase for a value the user gave: `'abc'`, `3`, `true`, `a mapping`."""
     if value is None:
         return "an empty value"
@@ -184,7 +184,7 @@ def _all_fields(model: type[BaseModel], prefix: str = "") -> tuple[tuple[str, st
     return tuple(dict.fromkeys(found))
 
 
-def _child(annotation: Any, key: Key) -> tuple[Any, str | None]:
+def _child(annotation: object, key: Key) -> tuple[object, str | None]:
     """The declared type of entry `key` of a value declared as `annotation`."""
     if is_model(annotation):
         field = annotation.model_fields.get(str(key))
@@ -200,7 +200,7 @@ def _child(annotation: Any, key: Key) -> tuple[Any, str | None]:
     return None, None
 
 
-def _variant(annotation: Any, discriminator: str, tag: Key) -> Any:
+def _variant(annotation: object, discriminator: str, tag: Key) -> object:
     for member in get_args(annotation):
         if tag in tags(member, discriminator):
             return member

@@ -11,7 +11,6 @@ import os
 import re
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import Any
 
 import yaml
 from pydantic import ValidationError
@@ -92,7 +91,7 @@ class _Source:
                 path, f"the top level must be a mapping of sections ({fields}), "
                 f"got {describe(data)}", line=self.node.start_mark.line + 1 if self.node else None,
             )])
-        self.data: dict[Any, Any] = data
+        self.data: dict[object, object] = data
         self.overrides: list[tuple[tuple[str, ...], str]] = []
 
     def apply_overrides(self, overrides: Sequence[str]) -> Iterator[tuple[str, str]]:
@@ -148,7 +147,7 @@ class _Source:
         return None
 
 
-def _parse_yaml(path: Path, text: str) -> tuple[yaml.Node | None, Any]:
+def _parse_yaml(path: Path, text: str) -> tuple[yaml.Node | None, object]:
     loader = yaml.SafeLoader(text)
     try:
         node = loader.get_single_node()
@@ -166,33 +165,36 @@ def _parse_yaml(path: Path, text: str) -> tuple[yaml.Node | None, Any]:
         loader.dispose()
 
 
-def _set_path(data: dict[Any, Any], keys: tuple[str, ...], value: Any) -> str | None:
+def _set_path(data: dict[object, object], keys: tuple[str, ...], value: object) -> str | None:
     """Set `data[k1][k2]...` = value, creating (or copying, to unshare YAML aliases) the
     mappings on the way; a numeric key indexes an existing list (`stages.0.trainer.lr`).
     Returns a problem instead when the path cannot be followed."""
-    here: Any = data
+    here: object = data
     for depth, key in enumerate(keys, start=1):
         prefix = dotted(keys[:depth - 1])
+        last = depth == len(keys)
         if isinstance(here, list):
             if not key.isdigit() or int(key) >= len(here):
                 return (f"cannot set {dotted(keys)}: {prefix} is a list of {len(here)}; "
                         f"use an index 0..{len(here) - 1}")
-            slot: Any = int(key)
+            index = int(key)
+            here[index] = below = value if last else _unshared(here[index])
         elif isinstance(here, dict):
-            slot = key
+            here[key] = below = value if last else _unshared(here.get(key))
         else:
             return f"cannot set {dotted(keys)}: {prefix} is {describe(here)}, not a mapping"
-        if depth == len(keys):
-            here[slot] = value
-            return None
-        below = here.get(slot) if isinstance(here, dict) else here[slot]
-        if below is None:
-            below = {}
-        if isinstance(below, dict | list):
-            below = type(below)(below)  # a copy: unshare YAML aliases
-        here[slot] = below
         here = below
     return None
+
+
+def _unshared(below: object) -> object:
+    """The value on the way to a key being set: `{}` for a missing or null one, a copy of a
+    mapping or a list (YAML aliases may share it with another path), else itself."""
+    if below is None:
+        return {}
+    if isinstance(below, dict | list):
+        return type(below)(below)
+    return below
 
 
 def _child_node(node: yaml.Node | None, key: Key) -> tuple[yaml.Node, yaml.Node] | None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import re
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated
 
 from pydantic import BeforeValidator
 
@@ -18,7 +18,7 @@ _VARIABLE = re.compile(r"\$\{([^}]*)\}")
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
-def expand_path(value: Any) -> Any:
+def expand_path(value: object) -> object:
     """`value` with each `${NAME}` replaced by the environment variable NAME and a leading
     `~` (or `~user`) by the home folder. Raises `ValueError` naming the variable when one is
     not set (or `${...}` does not hold a variable name); values that are not text are left

@@ -8,7 +8,6 @@ that name fails to load, with the key's line and the name to write instead.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Any
 
 from rft_hpc.config.explain import Key, dotted
 
@@ -21,7 +20,7 @@ RENAMED: dict[tuple[str, ...], tuple[str, str]] = {
 """Old key path (from the top of a config, or of a stage) -> (its name now, a note)."""
 
 
-def take_renamed(data: dict[Any, Any]) -> list[tuple[tuple[Key, ...], str]]:
+def take_renamed(data: dict[object, object]) -> list[tuple[tuple[Key, ...], str]]:
     """(key path, message) of each old name in `data`, at the top level and in each entry
     of `stages`; each is removed from `data`, so that validation reports the config's other
     problems and not the same key again as unknown."""
@@ -41,11 +40,11 @@ def take_renamed(data: dict[Any, Any]) -> list[tuple[tuple[Key, ...], str]]:
     return out
 
 
-def _find(data: dict[Any, Any], where: tuple[Key, ...],
-          ) -> Iterator[tuple[dict[Any, Any], tuple[Key, ...], tuple[str, ...]]]:
+def _find(data: dict[object, object], where: tuple[Key, ...],
+          ) -> Iterator[tuple[dict[object, object], tuple[Key, ...], tuple[str, ...]]]:
     """(the mapping holding it, the stage prefix, the old path) of each old name in `data`."""
     for old in RENAMED:
-        mapping: Any = data
+        mapping: object = data
         for key in old[:-1]:
             mapping = mapping.get(key) if isinstance(mapping, dict) else None
         if isinstance(mapping, dict) and old[-1] in mapping:

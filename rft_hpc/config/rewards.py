@@ -58,7 +58,7 @@ class RewardSpec(ConfigSection):
         return check_reward_name(name)
 
 
-def _from_name(value: Any) -> Any:
+def _from_name(value: object) -> object:
     """A plain name is `{name: <it>}`, checked here so that its error is at the key itself."""
     if isinstance(value, str):
         return RewardSpec(name=check_reward_name(value))

@@ -379,7 +379,7 @@ class ExperimentConfig(ConfigSection):
 
     @model_validator(mode="before")
     @classmethod
-    def _empty_sections(cls, data: Any) -> Any:
+    def _empty_sections(cls, data: object) -> object:
         """A section left empty in YAML (`trainer:` with nothing under it) takes its defaults."""
         if not isinstance(data, dict):
             return data

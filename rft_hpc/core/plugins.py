@@ -27,7 +27,7 @@ def import_callable(path: str, what: str) -> Callable[..., Any]:
     if not module or not attr:
         raise UserError(f"{what} {path!r} is not of the form package.module:function")
     try:
-        obj: Any = importlib.import_module(module)
+        obj: object = importlib.import_module(module)
     except ImportError as exc:
         raise UserError(f"{what} {path!r} cannot be imported: {exc}") from exc
     except Exception as exc:  # the user's module raised while it was imported

@@ -94,17 +94,19 @@ def atomic_write_text(path: str | os.PathLike[str], text: str, *, durable: bool 
     atomic_write_bytes(path, text.encode("utf-8"), durable=durable)
 
 
-def atomic_write_json(path: str | os.PathLike[str], obj: Any, *, durable: bool = True) -> None:
-    """`atomic_write_bytes` for a JSON document (indented, trailing newline)."""
+def atomic_write_json(path: str | os.PathLike[str], obj: object, *, durable: bool = True) -> None:
+    """`atomic_write_bytes` for a JSON document (indented, trailing newline); `obj` is
+    anything `json.dumps` writes (its `TypeError` otherwise, before the file is touched)."""
     atomic_write_text(path, json.dumps(obj, indent=2, sort_keys=True) + "\n", durable=durable)
 
 
+# -> Any: the document's shape is the caller's to know (a heartbeat, a manifest, ...)
 def read_json(path: str | os.PathLike[str]) -> Any:
     """Read a JSON document written by `atomic_write_json`."""
     return json.loads(Path(path).read_text(encoding="utf-8"))
 
 
-def write_jsonl(path: str | os.PathLike[str], rows: Iterable[Any], *,
+def write_jsonl(path: str | os.PathLike[str], rows: Iterable[object], *,
                 durable: bool = False) -> None:
     """`atomic_write_bytes` of one JSON object per line (a record of results, not state:
     not fsynced unless `durable`)."""
@@ -112,6 +114,7 @@ def write_jsonl(path: str | os.PathLike[str], rows: Iterable[Any], *,
                       durable=durable)
 
 
+# list[Any]: as read_json, each row's shape is the caller's to know
 def read_jsonl(path: str | os.PathLike[str]) -> list[Any]:
     """The rows of a file written by `write_jsonl`."""
     return [json.loads(line) for line in Path(path).read_text(encoding="utf-8").splitlines()

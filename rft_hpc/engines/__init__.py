@@ -6,11 +6,10 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from rft_hpc.config.schema import ExperimentConfig
-    from rft_hpc.engines.hf import HFEngine
-    from rft_hpc.engines.vllm import VLLMEngine
+    from rft_hpc.engines.protocol import StreamingEngine
 
 
-def build_engine(config: ExperimentConfig) -> HFEngine | VLLMEngine:
+def build_engine(config: ExperimentConfig) -> StreamingEngine:
     """The engine `explorer.engine` names, on the config's model (vLLM imported only then)."""
     if config.explorer.engine == "vllm":
         from rft_hpc.engines.vllm import VLLMEngine

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -21,6 +21,10 @@ from rft_hpc.engines.requests import Completion, FinishedGroup, GroupRequest
 from rft_hpc.models.lora import add_adapter, is_adapted, is_adapter_state, load_adapter_state
 from rft_hpc.tasks.prompts import prompt_ids, stop_token_ids, truncate_at_stop
 from rft_hpc.tasks.task import Task
+
+if TYPE_CHECKING:
+    from peft import PeftModel
+    from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -36,7 +40,8 @@ def model_dtype(setting: str, device: str | torch.device | None = None) -> torch
 
 
 def load_policy(model_path: str | Path, dtype: str = "float32",
-                device: str | torch.device | None = None) -> tuple[Any, Any]:
+                device: str | torch.device | None = None,
+                ) -> tuple[PreTrainedTokenizerBase, PreTrainedModel]:
     """Tokenizer and causal LM from a local Hugging Face folder (never a hub), on the CPU,
     in `model_dtype(dtype, device)`: `device` is where the caller will put the model."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -50,15 +55,25 @@ def load_policy(model_path: str | Path, dtype: str = "float32",
 
 
 class HFEngine:
-    """Generates groups of completions for token-id prompts with a transformers model."""
+    """Generates groups of completions for token-id prompts with a transformers model (an
+    `engines.protocol.StreamingEngine`)."""
 
     def __init__(self, model_path: str | Path | None = None, *, dtype: str = "float32",
-                 device: str = "cpu", model: Any = None, tokenizer: Any = None,
+                 device: str = "cpu", model: PreTrainedModel | None = None,
+                 tokenizer: PreTrainedTokenizerBase | None = None,
                  prompt: PromptConfig | None = None, lora: LoraSettings | None = None) -> None:
+        """The model of the Hugging Face folder `model_path` on `device`, or the `model`
+        and `tokenizer` given (used as they are: the trainer's evaluation replica)."""
         if model is None:
+            if model_path is None:
+                raise ValueError("HFEngine needs a model folder, or a model and its tokenizer")
             tokenizer, model = load_policy(model_path, dtype, device)
             model.to(device).eval()
-        self.tokenizer, self.model = tokenizer, model
+        if tokenizer is None:
+            raise ValueError("HFEngine was given a model without its tokenizer")
+        self.tokenizer: PreTrainedTokenizerBase = tokenizer
+        self.model: PreTrainedModel | PeftModel = model
+        """The policy: the transformers model, wrapped by peft once `enable_lora` ran."""
         self.device = device
         self.prompt = prompt if prompt is not None else PromptConfig()
         """How `prompt_ids` turns a task into tokens."""
@@ -102,9 +117,21 @@ class HFEngine:
         """Token ids of a raw text prompt (with the tokenizer's special tokens)."""
         return list(self.tokenizer(prompt, add_special_tokens=True)["input_ids"])
 
+    def plain_tokens(self, text: str) -> list[int]:
+        """Token ids of a text without special tokens (an environment's observation)."""
+        return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+
     def prompt_ids(self, task: Task) -> list[int]:
         """Token ids of a task's prompt in the engine's prompt format (`tasks.prompts`)."""
         return prompt_ids(self.tokenizer, task, self.prompt)
+
+    def context_limit(self) -> int | None:
+        """The model's max positions (None when its config has none)."""
+        limit = getattr(getattr(self.model, "config", None), "max_position_embeddings", None)
+        return int(limit) if isinstance(limit, int) else None
+
+    def close(self) -> None:
+        """Nothing to free beyond this process's memory: the model goes with the engine."""
 
     @torch.no_grad()
     def generate(self, prompts: Sequence[Sequence[int]], *, n: int, max_new_tokens: int,
@@ -176,7 +203,8 @@ class HFEngine:
         completions = [self._completion(new[i], token_logp[i]) for i in range(len(rows))]
         return [completions[i * n:(i + 1) * n] for i in range(len(prompts))]
 
-    def _shared_prefill(self, ids: torch.Tensor, mask: torch.Tensor, n: int) -> Any:
+    def _shared_prefill(self, ids: torch.Tensor, mask: torch.Tensor, n: int,
+                        ) -> DynamicCache:
         """The KV cache of each prompt but its last token (`ids`, `mask`: one left-padded row
         per prompt, that token cut off), computed once and repeated for the prompt's `n`
         rows: `generate` then starts from the last token. A group's rows share their prompt,

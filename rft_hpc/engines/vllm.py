@@ -49,6 +49,9 @@ from rft_hpc.tasks.prompts import model_stop_ids, prompt_ids, truncate_at_stop
 from rft_hpc.tasks.task import Task
 
 if TYPE_CHECKING:
+    from vllm import LLM, CompletionOutput, RequestOutput, SamplingParams
+    from vllm.lora.request import LoRARequest
+
     from rft_hpc.config.schema import VLLMConfig
 
 CPU_KV_CACHE_GB = 1.0
@@ -81,7 +84,8 @@ def _cpu_platform() -> bool:
 
 
 class VLLMEngine:
-    """Generates groups of completions for token-id prompts with vLLM; same API as HFEngine."""
+    """Generates groups of completions for token-id prompts with vLLM (an
+    `engines.protocol.StreamingEngine`, as HFEngine is)."""
 
     def __init__(self, model_path: str | Path, *, dtype: str = "float32",
                  settings: VLLMConfig | None = None, seed: int = 0,
@@ -113,7 +117,7 @@ class VLLMEngine:
         self._scratch: Path | None = None
         self.lora = lora
         """The LoRA adapter the versions are (None: they are whole models)."""
-        self._adapter: Any = None
+        self._adapter: LoRARequest | None = None
         """The `LoRARequest` of the newest adapter version (None: the base model)."""
         self._adapter_dirs: deque[Path] = deque()
         self._adapter_ids = 0
@@ -130,13 +134,13 @@ class VLLMEngine:
         """Submitted group requests by vLLM request id, until `poll` returns them."""
         self._next_id = 0
 
-    def _start(self, cfg: VLLMConfig, dtype: str, seed: int) -> Any:
+    def _start(self, cfg: VLLMConfig, dtype: str, seed: int) -> LLM:
         from vllm import LLM
 
         kv_gb = cfg.kv_cache_gb
         if kv_gb is None and _cpu_platform():
             kv_gb = CPU_KV_CACHE_GB
-        lora: dict[str, Any] = {}
+        lora: dict[str, bool | int] = {}
         if self.lora is not None:  # two in a batch: the newest and one requests started with
             lora = {"enable_lora": True, "max_loras": 2, "max_cpu_loras": _ADAPTERS_KEPT,
                     "max_lora_rank": min(r for r in _LORA_RANKS if r >= self.lora.rank)}
@@ -153,9 +157,18 @@ class VLLMEngine:
         """Token ids of a raw text prompt (with the tokenizer's special tokens)."""
         return list(self.tokenizer(prompt, add_special_tokens=True)["input_ids"])
 
+    def plain_tokens(self, text: str) -> list[int]:
+        """Token ids of a text without special tokens (an environment's observation)."""
+        return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+
     def prompt_ids(self, task: Task) -> list[int]:
         """Token ids of a task's prompt in the engine's prompt format (`tasks.prompts`)."""
         return prompt_ids(self.tokenizer, task, self.prompt)
+
+    def context_limit(self) -> int | None:
+        """The longest sequence the engine takes: vLLM's `max_model_len` (the config's, or
+        the model's max positions)."""
+        return int(self.llm.llm_engine.model_config.max_model_len)
 
     def load_weights(self, state_dict: Mapping[str, torch.Tensor], version: int) -> None:
         """Replace the engine's weights in place with a published (Hugging Face) state dict
@@ -177,6 +190,7 @@ class VLLMEngine:
             raise ValueError(f"weights {version} lack {len(missing)} tensors of the model, "
                              f"e.g. {sorted(missing)[:3]}")
         if self.update_from_memory:
+            # Any: the keyword arguments of vLLM's `reload_weights`, each of its own type
             kwargs: dict[str, Any] = {"weights_iterator": list(state_dict.items())}
         else:
             kwargs = {"weights_path": str(self._write_scratch(state_dict))}
@@ -301,7 +315,7 @@ class VLLMEngine:
                                                             strict=True)]
                 for out, seq in zip(outputs, sequences, strict=True)]
 
-    def _group(self, output: Any, n: int, temperature: float, started: int,
+    def _group(self, output: RequestOutput, n: int, temperature: float, started: int,
                ) -> list[Completion]:
         """The `n` completions of one prompt's finished request output (`started`: the
         weights version when it was submitted)."""
@@ -312,7 +326,8 @@ class VLLMEngine:
                              logprobs=list(group[0].logprobs)) for _ in range(n)]
         return group
 
-    def _params(self, n: int, max_new_tokens: int, temperature: float, seed: int) -> Any:
+    def _params(self, n: int, max_new_tokens: int, temperature: float,
+                seed: int) -> SamplingParams:
         """Sampling parameters of one prompt's `n` samples (one greedy sample at T = 0)."""
         from vllm import SamplingParams
 
@@ -322,7 +337,7 @@ class VLLMEngine:
             top_k=0, min_p=0.0, max_tokens=max_new_tokens, logprobs=0,
             stop_token_ids=list(self.stop_ids), seed=seed % _SEED_MODULUS, detokenize=False)
 
-    def _completion(self, output: Any, started: int) -> Completion:
+    def _completion(self, output: CompletionOutput, started: int) -> Completion:
         # vLLM stops at a stop token and keeps it, as HFEngine does
         tokens, finished = truncate_at_stop(list(output.token_ids), self.stop_ids)
         logprobs = [float(step[t].logprob) for step, t in zip(output.logprobs, tokens,

@@ -15,7 +15,6 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
 from rft_hpc.core.plugins import import_callable, resolve
 from rft_hpc.tasks.task import Task
@@ -49,7 +48,7 @@ ENVIRONMENTS: dict[str, Callable[..., Environment]] = {}
 """Registered environment classes by name."""
 
 
-def build_env(name: str, args: dict[str, Any]) -> Environment:
+def build_env(name: str, args: dict[str, object]) -> Environment:
     """An environment instance of `name` (registered or `package.module:Class`) with `args`.
 
     An unknown name or a class refusing `args` raises `UserError` naming
@@ -69,7 +68,7 @@ def build_env(name: str, args: dict[str, Any]) -> Environment:
     return env
 
 
-def check_env(name: str, args: dict[str, Any]) -> None:
+def check_env(name: str, args: dict[str, object]) -> None:
     """Raise `UserError` when `name` cannot be resolved or its constructor does not take
     `args`, without building an environment (a constructor may be slow or hang)."""
     import inspect

@@ -19,9 +19,12 @@ import threading
 import time
 from multiprocessing.connection import Connection
 from multiprocessing.context import BaseContext
-from typing import Any
 
 from rft_hpc.core.forkserver import forkserver_context
+
+EnvValue = str | tuple[str, float, bool] | None
+"""What a worker answers: `reset`'s first observation, `step`'s (observation, reward,
+done), None once it has built its environments."""
 
 
 class EnvError(Exception):
@@ -42,7 +45,7 @@ def env_context() -> BaseContext:
     return forkserver_context(["rft_hpc.envs.base", "rft_hpc.envs.guess"])
 
 
-def _serve(conn: Connection, name: str, args: dict[str, Any], count: int) -> None:
+def _serve(conn: Connection, name: str, args: dict[str, object], count: int) -> None:
     from rft_hpc.envs.base import StepResult, build_env
 
     try:
@@ -74,7 +77,7 @@ def _serve(conn: Connection, name: str, args: dict[str, Any], count: int) -> Non
 class EnvWorker:
     """`count` environments of one kind in a worker process; calls with a time limit."""
 
-    def __init__(self, name: str, args: dict[str, Any], count: int) -> None:
+    def __init__(self, name: str, args: dict[str, object], count: int) -> None:
         ctx = env_context()
         self._conn, child = ctx.Pipe()
         self._proc = ctx.Process(target=_serve, args=(child, name, args, count), daemon=True)
@@ -82,8 +85,8 @@ class EnvWorker:
         child.close()
         self._started = False
 
-    def call(self, method: str, index: int, *args: Any, timeout: float,
-             cancel: threading.Event | None = None) -> Any:
+    def call(self, method: str, index: int, *args: object, timeout: float,
+             cancel: threading.Event | None = None) -> EnvValue:
         """`env[index].method(*args)` in the worker; raises `EnvTimeout` after `timeout`
         seconds, `EnvError` when it raised or died, `Cancelled` when `cancel` is set."""
         if not self._started:
@@ -99,7 +102,7 @@ class EnvWorker:
         self._receive(timeout, cancel)
         self._started = True
 
-    def _receive(self, timeout: float, cancel: threading.Event | None) -> Any:
+    def _receive(self, timeout: float, cancel: threading.Event | None) -> EnvValue:
         end = time.monotonic() + timeout
         while True:
             if cancel is not None and cancel.is_set():

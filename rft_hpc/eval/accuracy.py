@@ -6,11 +6,12 @@ from collections.abc import Sequence
 from typing import Any
 
 from rft_hpc.config.schema import EvalConfig
+from rft_hpc.engines.protocol import InferenceEngine
 from rft_hpc.eval.bench_score import score_tasks
 from rft_hpc.tasks.task import Task
 
 
-def heldout_scores(engine: Any, tasks: Sequence[Task], settings: EvalConfig, *,
+def heldout_scores(engine: InferenceEngine, tasks: Sequence[Task], settings: EvalConfig, *,
                    temperature: float, seed: int,
                    answers: list[dict[str, Any]] | None = None) -> dict[str, float]:
     """`eval_accuracy` (greedy answers whose task reward is at least 1), `eval_reward`

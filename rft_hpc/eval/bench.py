@@ -26,6 +26,7 @@ from rft_hpc.config import ExperimentConfig, load_config
 from rft_hpc.config.tasks import ArithmeticTasks, JsonlTasks
 from rft_hpc.core.errors import UserError
 from rft_hpc.core.rundir import RunDir, atomic_write_json, read_json
+from rft_hpc.engines.protocol import InferenceEngine
 from rft_hpc.eval.bench_score import score_tasks
 from rft_hpc.runtime.logs import at_step, setup_logging, step_line
 from rft_hpc.tasks.arithmetic import arithmetic_tasks
@@ -263,7 +264,7 @@ def bench_line(result: dict[str, Any], step: int, total: int) -> str:
                      taskset=result["taskset"])
 
 
-def load_checkpoint(checkpoint: Checkpoint, plan: dict[str, Any]) -> Any:
+def load_checkpoint(checkpoint: Checkpoint, plan: dict[str, Any]) -> InferenceEngine:
     """An engine holding the checkpoint's weights, in the plan's prompt format: vLLM when
     the plan's `engine` is (the run's explorers used it), else transformers (on the GPU, if
     there is one)."""
@@ -282,7 +283,7 @@ def load_checkpoint(checkpoint: Checkpoint, plan: dict[str, Any]) -> Any:
         from rft_hpc.config.schema import VLLMConfig
         from rft_hpc.engines.vllm import VLLMEngine
 
-        engine: Any = VLLMEngine(checkpoint.model, dtype=plan["dtype"],
+        engine: InferenceEngine = VLLMEngine(checkpoint.model, dtype=plan["dtype"],
                                  settings=VLLMConfig(**plan.get("vllm", {})),
                                  seed=plan["seed"], prompt=prompt, lora=lora)
     else:

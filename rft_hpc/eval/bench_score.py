@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from math import comb
 from typing import Any
 
+from rft_hpc.engines.protocol import InferenceEngine
 from rft_hpc.tasks.rewards import call_reward
 from rft_hpc.tasks.task import Task
 
@@ -51,8 +52,8 @@ def summarize(greedy: Sequence[float], samples: Sequence[Sequence[float]], k: in
     return out
 
 
-def score_tasks(engine: Any, tasks: Sequence[Task], *, k: int, n: int, temperature: float,
-                max_new_tokens: int, batch_size: int, seed: int,
+def score_tasks(engine: InferenceEngine, tasks: Sequence[Task], *, k: int, n: int,
+                temperature: float, max_new_tokens: int, batch_size: int, seed: int,
                 answers: list[dict[str, Any]] | None = None) -> dict[str, Any]:
     """Greedy answers and `n` samples at `temperature` of every task (k = n = 0: greedy
     only), prompts in the engine's prompt format, scored by each task's own reward

@@ -13,54 +13,72 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from rft_hpc.buffer.records import Experience
 from rft_hpc.config.workflow import MultiTurnWorkflow
-from rft_hpc.envs.worker import Cancelled, EnvError, EnvTimeout, EnvWorker
+from rft_hpc.engines.protocol import InferenceEngine
+from rft_hpc.engines.requests import Completion
+from rft_hpc.envs.worker import Cancelled, EnvError, EnvTimeout, EnvValue, EnvWorker
 from rft_hpc.tasks.task import Task
+
+if TYPE_CHECKING:
+    import torch
 
 
 class SerialEngine:
-    """An engine shared by the task threads: one generation or weight load at a time."""
+    """An engine shared by the task threads (an `InferenceEngine` itself): one generation,
+    tokenization or weight load at a time."""
 
-    def __init__(self, engine: Any) -> None:
+    def __init__(self, engine: InferenceEngine) -> None:
         self._engine = engine
         self._lock = threading.Lock()
 
-    def generate(self, *args: Any, **kwargs: Any) -> Any:
+    @property
+    def version(self) -> int:
+        """The version of the weights the engine holds."""
+        return self._engine.version
+
+    def generate(self, prompts: Sequence[Sequence[int]], *, n: int, max_new_tokens: int,
+                 temperature: float, seed: int) -> list[list[Completion]]:
         """The engine's `generate`, alone."""
         with self._lock:
-            return self._engine.generate(*args, **kwargs)
+            return self._engine.generate(prompts, n=n, max_new_tokens=max_new_tokens,
+                                         temperature=temperature, seed=seed)
 
-    def load_weights(self, *args: Any, **kwargs: Any) -> None:
+    def load_weights(self, state_dict: Mapping[str, torch.Tensor], version: int) -> None:
         """The engine's `load_weights`, never during a generation."""
         with self._lock:
-            self._engine.load_weights(*args, **kwargs)
+            self._engine.load_weights(state_dict, version)
 
     def context_limit(self) -> int | None:
         """The longest sequence the model takes (its max positions), None when unknown."""
-        config = getattr(getattr(self._engine, "model", None), "config", None)
-        limit = getattr(config, "max_position_embeddings", None)
-        return int(limit) if isinstance(limit, int) else None
+        return self._engine.context_limit()
 
-    def encode(self, text: str) -> list[int]:
-        """Token ids of a prompt, with its special tokens (a fast tokenizer is not safe to
-        use from several threads at once)."""
+    # a fast tokenizer is not safe to use from several threads at once: hence the lock
+    def encode(self, prompt: str) -> list[int]:
+        """Token ids of a prompt, with its special tokens."""
         with self._lock:
-            return list(self._engine.encode(text))
+            return self._engine.encode(prompt)
 
     def plain_tokens(self, text: str) -> list[int]:
         """Token ids of an observation, without the BOS/EOS a prompt gets."""
         with self._lock:
-            return list(self._engine.tokenizer(text, add_special_tokens=False)["input_ids"])
+            return self._engine.plain_tokens(text)
 
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._engine, name)
+    def prompt_ids(self, task: Task) -> list[int]:
+        """Token ids of a task's prompt in the engine's prompt format."""
+        with self._lock:
+            return self._engine.prompt_ids(task)
+
+    def close(self) -> None:
+        """Close the engine."""
+        with self._lock:
+            self._engine.close()
 
 
 @dataclass(frozen=True)
@@ -119,8 +137,8 @@ class _Budget:
     def __init__(self, seconds: float) -> None:
         self.left = seconds
 
-    def call(self, worker: EnvWorker, method: str, index: int, *args: Any,
-             cancel: threading.Event) -> Any:
+    def call(self, worker: EnvWorker, method: str, index: int, *args: object,
+             cancel: threading.Event) -> EnvValue:
         t0 = time.monotonic()
         try:
             return worker.call(method, index, *args, timeout=max(self.left, 1e-3), cancel=cancel)

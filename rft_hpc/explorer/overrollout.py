@@ -15,18 +15,20 @@ from __future__ import annotations
 import math
 import queue
 import threading
-from collections.abc import Sequence
+import time
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
 from rft_hpc.buffer.records import Experience
 from rft_hpc.config.workflow import MultiTurnWorkflow, OverRolloutConfig
 from rft_hpc.core.rundir import read_json
+from rft_hpc.engines.protocol import InferenceEngine
 from rft_hpc.envs.base import check_env
 from rft_hpc.explorer.multiturn import SerialEngine, TaskOutcome, TurnSettings, run_task
+from rft_hpc.explorer.protocols import CompletedStep, StepTasks
 from rft_hpc.tasks.task import Task
 
 
@@ -41,20 +43,30 @@ class _Running:
 
 
 class MultiTurnExplorer:
-    """Runs the tasks of each explorer step concurrently; see the module docstring."""
+    """Runs the tasks of each explorer step concurrently; see the module docstring.
 
-    def __init__(self, engine: Any, workflow: MultiTurnWorkflow, turn: TurnSettings,
-                 over_rollout: OverRolloutConfig, heartbeat: Path | None = None) -> None:
+    As the multi-turn `explorer.protocols.Workflow` it has a window of one step, which
+    `advance` runs whole (`run_step`): new weights come in at step boundaries only.
+    """
+
+    window = 1
+
+    def __init__(self, engine: InferenceEngine, workflow: MultiTurnWorkflow,
+                 turn: TurnSettings, over_rollout: OverRolloutConfig,
+                 heartbeat: Path | None = None) -> None:
         """`heartbeat`: the explorer's heartbeat file as a previous process left it; the
         stragglers it had in flight (`in_flight`) are lost, reported as
         `over_rollout/lost_on_restart` at the first step."""
         self.engine = engine if isinstance(engine, SerialEngine) else SerialEngine(engine)
+        """The engine the task threads share (new weights go in through it)."""
         self.workflow, self.turn = workflow, turn
         check_env(workflow.env, workflow.env_args)  # a bad name or env_args: UserError now
         self.over_rollout = over_rollout
         self._in_flight: list[_Running] = []
         self._done: queue.Queue[_Running] = queue.Queue()
         self._lost = 0
+        self._submitted: StepTasks | None = None
+        self._finished: CompletedStep | None = None
         if heartbeat is not None:
             try:
                 self._lost = int(read_json(heartbeat).get("in_flight", 0))
@@ -78,6 +90,38 @@ class MultiTurnExplorer:
 
         threading.Thread(target=work, name=f"task-{running.group_id}", daemon=True).start()
 
+    def __len__(self) -> int:
+        """1 from a step's submission until it is handed back, else 0."""
+        return int(self._submitted is not None or self._finished is not None)
+
+    @property
+    def has_room(self) -> bool:
+        """Whether no step is in flight."""
+        return not len(self)
+
+    def submit(self, step: StepTasks) -> None:
+        """Take the step that `advance` runs."""
+        if not self.has_room:
+            raise RuntimeError(f"step {step.step} submitted while another is in flight")
+        self._submitted = step
+
+    def advance(self) -> None:
+        """Run the submitted step whole (`run_step`); its `seconds` are the run's."""
+        step, self._submitted = self._submitted, None
+        if step is None:
+            return
+        t0 = time.monotonic()
+        experiences, metrics = self._run(step.tasks, step.group_ids, step=step.step,
+                                         seed=step.seed, last=step.last)
+        self._finished = CompletedStep(step.step, self.engine.version, experiences, metrics,
+                                       time.monotonic() - t0)
+
+    def completed(self) -> Iterator[CompletedStep]:
+        """The step `advance` ran, once."""
+        done, self._finished = self._finished, None
+        if done is not None:
+            yield done
+
     def run_step(self, tasks: Sequence[Task], *, first_group_id: int, step: int, seed: int,
                  last: bool = False) -> tuple[list[Experience], dict[str, float]]:
         """Start `tasks` (group ids `first_group_id + index`), wait until
@@ -86,8 +130,14 @@ class MultiTurnExplorer:
 
         A task that crashed the explorer's own code (not its environment) raises here.
         """
-        for j, task in enumerate(tasks):
-            running = _Running(task, first_group_id + j, step, self.engine.version)
+        return self._run(tasks, range(first_group_id, first_group_id + len(tasks)),
+                         step=step, seed=seed, last=last)
+
+    def _run(self, tasks: Sequence[Task], group_ids: Sequence[int], *, step: int, seed: int,
+             last: bool) -> tuple[list[Experience], dict[str, float]]:
+        """`run_step` with each task's group id given."""
+        for j, (task, group_id) in enumerate(zip(tasks, group_ids, strict=True)):
+            running = _Running(task, group_id, step, self.engine.version)
             self._in_flight.append(running)
             self._start(running, step, seed + j)
         need = min(len(self._in_flight),

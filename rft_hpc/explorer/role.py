@@ -3,17 +3,20 @@
 Explorer `i` at step `s` takes the tasks of `(s, i)` from the seeded task stream, so a
 restarted explorer redoes exactly the steps that were never committed. It submits step `s`
 once it holds weights of at least version `required_version(s)` (the sync rules).
-Single-turn steps stream (`explorer.stream`): up to `explorer.steps_in_flight` steps'
-requests in flight together, new weights taken between engine steps, each step written
-once its last group is scored; their rewards run in worker processes, each call within
-`explorer.reward_timeout` (`rft_hpc.tasks.reward_pool`). Multi-turn steps run one at a time
-(`explorer.overrollout`), taking new weights at step boundaries.
+One loop (`ExplorerLoop.explore`) drives the workflow `explorer.workflow.type` names
+through the `explorer.protocols.Workflow` interface (`WORKFLOWS`). Single-turn steps stream
+(`explorer.stream`): up to `explorer.steps_in_flight` steps' requests in flight together, new
+weights taken between engine steps, each step written once its last group is scored; their
+rewards run in worker processes, each call within `explorer.reward_timeout`
+(`rft_hpc.tasks.reward_pool`). Multi-turn steps run one at a time (`explorer.overrollout`),
+taking new weights at step boundaries.
 """
 
 from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -21,9 +24,12 @@ import numpy as np
 from rft_hpc.buffer.writer import SegmentWriter
 from rft_hpc.config import ExperimentConfig
 from rft_hpc.core.retry import io_metrics
+from rft_hpc.core.rundir import RunDir
 from rft_hpc.engines import build_engine
-from rft_hpc.explorer.multiturn import SerialEngine, TurnSettings
+from rft_hpc.engines.protocol import StreamingEngine
+from rft_hpc.explorer.multiturn import TurnSettings
 from rft_hpc.explorer.overrollout import MultiTurnExplorer
+from rft_hpc.explorer.protocols import CompletedStep, StepTasks, Workflow
 from rft_hpc.explorer.stream import StepStream, steps_in_flight
 from rft_hpc.explorer.workflow import RewardFailures, SamplingSettings
 from rft_hpc.ledger.log import LedgerWriter
@@ -64,6 +70,159 @@ def step_seed(seed: int, step: int, index: int) -> int:
     return int(np.random.SeedSequence([seed, step, index]).generate_state(1)[0])
 
 
+EngineStarter = Callable[[], StreamingEngine]
+"""Builds the explorer's engine with the start weights loaded (slow: a model to load)."""
+
+WorkflowBuilder = Callable[[ExperimentConfig, RunDir, str, EngineStarter], Workflow]
+"""Builds a workflow for (config, run, role name, engine starter)."""
+
+
+def single_turn_workflow(config: ExperimentConfig, run: RunDir, role: str,
+                         start_engine: EngineStarter) -> Workflow:
+    """Streaming single-turn steps (`StepStream`) scored by a `RewardPool`."""
+    cfg = config.explorer
+    rewards = RewardPool(cfg.reward_workers, cfg.reward_timeout)  # start while the model loads
+    failures = RewardFailures(cfg.reward_failure_limit)
+    stream = StepStream(start_engine(), SamplingSettings(cfg.repeat, cfg.max_new_tokens,
+                                                         cfg.temperature),
+                        rewards, steps_in_flight(config), config.pipeline.dynamic_sampling,
+                        failures)
+    log.info("up to %d steps in flight", stream.window)
+    return stream
+
+
+def multi_turn_workflow(config: ExperimentConfig, run: RunDir, role: str,
+                        start_engine: EngineStarter) -> Workflow:
+    """Multi-turn steps against environments, one at a time, closed by over-rollout; it
+    reports the stragglers a previous process of `role` lost (its heartbeat)."""
+    cfg = config.explorer
+    return MultiTurnExplorer(start_engine(), cfg.workflow, TurnSettings(
+        cfg.repeat, cfg.max_new_tokens, cfg.temperature), cfg.over_rollout,
+        heartbeat=run.heartbeat(role))
+
+
+WORKFLOWS: dict[str, WorkflowBuilder] = {"single_turn": single_turn_workflow,
+                                         "multi_turn": multi_turn_workflow}
+"""The workflow builder of each `explorer.workflow.type`."""
+
+
+class ExplorerLoop:
+    """Explorer `index`'s steps over one workflow: submit each step once the engine holds
+    weights new enough for it, advance the workflow, write the steps it hands back in
+    order (buffer, metrics, ledger, heartbeat, log), until the last step or a stop."""
+
+    def __init__(self, config: ExperimentConfig, run: RunDir, index: int, *,
+                 workflow: Workflow, writer: SegmentWriter, pipeline: ExplorerPipeline,
+                 follower: WeightFollower, clock: JobClock, stop: StopFlag) -> None:
+        self.config, self.run, self.index = config, run, index
+        self.role = f"explorer-{index}"
+        self.workflow, self.writer, self.pipeline = workflow, writer, pipeline
+        self.follower, self.clock, self.stop = follower, clock, stop
+        self.engine = workflow.engine
+        self.metrics = MetricsWriter(run.metrics, self.role)
+        self.total = config.explorer.total_steps(config.trainer)
+        self.step = writer.next_step
+        """The next step to write (every earlier one is written)."""
+        self.ledger = LedgerWriter(run.ledger, self.role, durable=False)
+        self.history = self.ledger.start(self.step, first_redone=self.step)
+        self.started, self.start_step = time.time(), self.step
+
+    def step_tasks(self, step: int) -> StepTasks:
+        """Step `step`'s tasks and sampling: the same after any restart."""
+        cfg = self.config.explorer
+        tasks = self.pipeline.tasks_for(step)
+        first = (step * cfg.count + self.index) * cfg.tasks_per_step  # stream position
+        return StepTasks(step, tasks, range(first, first + len(tasks)),
+                         step_seed(self.config.run.seed, step, self.index),
+                         self.pipeline.reserve_tasks_for(step), last=step + 1 >= self.total)
+
+    def explore(self) -> None:
+        """Run steps until the last one is written or the role is stopped; steps still in
+        flight then are dropped (a restart redoes them)."""
+        workflow, follower = self.workflow, self.follower
+        submitted, refreshed = self.step, 0.0
+        while self.step < self.total and not self.stop:
+            at_step(self.step + 1)
+            if time.monotonic() - refreshed >= REFRESH_SECONDS or not len(workflow):
+                follower.refresh()  # between engine steps: requests in flight go on
+                refreshed = time.monotonic()
+            while (submitted < self.total and workflow.has_room
+                   and self.engine.version >= required_version(submitted, self.config)):
+                workflow.submit(self.step_tasks(submitted))
+                submitted += 1
+                self.beat("running")  # its steps_in_flight: what a restart would redo
+            if not len(workflow):  # nothing in flight: the next step needs newer weights
+                if not follower.wait_for(required_version(submitted, self.config)):
+                    break
+                continue
+            workflow.advance()
+            for done in workflow.completed():
+                self.commit(done)
+                if self.stop:
+                    break
+        if len(workflow):
+            log.info("%d uncommitted steps in flight dropped (redone after a restart)",
+                     len(workflow))
+
+    def commit(self, done: CompletedStep) -> None:
+        """Write a finished step and account for it (metrics, ledger, heartbeat, log)."""
+        experiences, values = done.experiences, done.metrics
+        values.update(self.pipeline.process(done.step, experiences))
+        self.writer.write_step(done.step, experiences)
+        last = max((e.info.get("last_version", e.policy_version) for e in experiences),
+                   default=done.version)
+        values.update(version=self.engine.version, seconds=done.seconds,
+                      wait_seconds=self.follower.waited, sync_fallbacks=self.follower.fallbacks,
+                      **io_metrics())  # this process's retried reads (weights)
+        self.follower.waited = 0.0
+        self.metrics.log(done.step, values)
+        first = min((e.policy_version for e in experiences), default=done.version)
+        entry = {"version": first} if last == first else {"version": first,
+                                                           "last_version": last}
+        self.ledger.append("step", step=done.step, records=len(experiences), **entry,
+                           seconds=round(done.seconds, 4))
+        self.clock.observe_step(done.seconds)
+        self.step = done.step + 1
+        self.beat("running")
+        log.info(step_line(self.step, self.total, version=self.engine.version,
+                           reward=values.get("reward_mean"), seconds=done.seconds))
+        log.debug("step %d: %s", self.step, values)
+        if not self.clock.next_step_fits():
+            self.stop.out_of_time()
+
+    def finish(self) -> None:
+        """Commit what the writer holds and record why the loop ended (ledger, log)."""
+        at_step(None)
+        self.writer.close()
+        self.step = self.writer.committed_step
+        done = self.step >= self.total
+        reason = "done" if done else self.stop.reason
+        self.ledger.append("stop", step=self.step, reason=reason)
+        log.info("%s after step %d of %d", "finished" if done else f"stopped ({reason})",
+                 self.step, self.total)
+
+    def beat(self, status: str) -> None:
+        """Replace the heartbeat: step, weights, restarts, and what is in flight."""
+        write_heartbeat(self.run, self.role, status=status, step=self.step, total=self.total,
+                        version=self.engine.version, started=self.started,
+                        start_step=self.start_step, restarts=self.history.restarts,
+                        redone=self.history.redone, in_flight=self.workflow.in_flight,
+                        steps_in_flight=len(self.workflow))
+
+    def close(self) -> None:
+        """Close the metrics and the ledger."""
+        self.metrics.close()
+        self.ledger.close()
+
+
+def _engine_starter(config: ExperimentConfig) -> EngineStarter:
+    def start() -> StreamingEngine:
+        engine = build_engine(config)
+        load_start_weights(engine, config)
+        return engine
+    return start
+
+
 def run_explorer(stage_dir: Path, index: int) -> int:
     """Run explorer `index` of a stage until its last step; returns the next step to do.
 
@@ -75,142 +234,34 @@ def run_explorer(stage_dir: Path, index: int) -> int:
     config, run = load_stage(stage_dir)
     set_threads(config.explorer.threads, config.explorer.cpus)  # logs how many and why
     stop = StopFlag()
-    cfg = config.explorer
     writer = SegmentWriter(run.buffer, role, "rl", durable=config.buffer.fsync,
                            steps_per_segment=config.buffer.steps_per_segment,
                            background_commit=True)
     pipeline = ExplorerPipeline(config, run, index, committed_step=writer.next_step)
-    rewards = (RewardPool(cfg.reward_workers, cfg.reward_timeout)  # start while the model loads
-               if cfg.workflow.type == "single_turn" else None)
-    failures = RewardFailures(cfg.reward_failure_limit)
-    engine = build_engine(config)
-    load_start_weights(engine, config)
-    multi_turn = None
-    if cfg.workflow.type == "multi_turn":  # tasks run in threads: one engine call at a time
-        engine = SerialEngine(engine)
-        multi_turn = MultiTurnExplorer(engine, cfg.workflow, TurnSettings(
-            cfg.repeat, cfg.max_new_tokens, cfg.temperature), cfg.over_rollout,
-            heartbeat=run.heartbeat(role))
+    workflow = WORKFLOWS[config.explorer.workflow.type](config, run, role,
+                                                         _engine_starter(config))
     clock = JobClock(config.launch.slurm.walltime_margin)
-    follower = WeightFollower(run, engine, stop, clock, build_receiver(config, run, index))
-    settings = SamplingSettings(cfg.repeat, cfg.max_new_tokens, cfg.temperature)
-    metrics = MetricsWriter(run.metrics, role)
-    total = cfg.total_steps(config.trainer)
-    step = writer.next_step
-    ledger = LedgerWriter(run.ledger, role, durable=False)
-    history = ledger.start(step, first_redone=step)
-    started, start_step = time.time(), step
-
-    def group_of(explorer_step: int) -> int:
-        """The group id of the step's first task: its position in the task stream."""
-        return (explorer_step * cfg.count + index) * cfg.tasks_per_step
-    log.info("starting at step %d of %d (weights version %s)", step, total, engine.version)
-    stream: StepStream | None = None  # single-turn: the steps in flight
-
-    def beat(status: str) -> None:
-        write_heartbeat(run, role, status=status, step=step, total=total,
-                        version=engine.version, started=started, start_step=start_step,
-                        restarts=history.restarts, redone=history.redone,
-                        in_flight=multi_turn.in_flight if multi_turn is not None else 0,
-                        steps_in_flight=len(stream) if stream is not None else 0)
-
-    def commit(done_step: int, experiences: list, values: dict, seconds: float,
-               version: int) -> None:
-        """Write a finished step and account for it (metrics, ledger, heartbeat, log)."""
-        nonlocal step
-        values.update(pipeline.process(done_step, experiences))
-        writer.write_step(done_step, experiences)
-        last = max((e.info.get("last_version", e.policy_version) for e in experiences),
-                   default=version)
-        values.update(version=engine.version, seconds=seconds, wait_seconds=follower.waited,
-                      sync_fallbacks=follower.fallbacks, **io_metrics())  # weights' reads
-        follower.waited = 0.0
-        metrics.log(done_step, values)
-        first = min((e.policy_version for e in experiences), default=version)
-        entry = {"version": first} if last == first else {"version": first,
-                                                           "last_version": last}
-        ledger.append("step", step=done_step, records=len(experiences), **entry,
-                      seconds=round(seconds, 4))
-        clock.observe_step(seconds)
-        step = done_step + 1
-        beat("running")
-        log.info(step_line(step, total, version=engine.version,
-                           reward=values.get("reward_mean"), seconds=seconds))
-        log.debug("step %d: %s", step, values)
-        if not clock.next_step_fits():
-            stop.out_of_time()
-
+    follower = WeightFollower(run, workflow.engine, stop, clock,
+                              build_receiver(config, run, index))
+    loop = ExplorerLoop(config, run, index, workflow=workflow, writer=writer,
+                        pipeline=pipeline, follower=follower, clock=clock, stop=stop)
+    log.info("starting at step %d of %d (weights version %s)", loop.step, loop.total,
+             loop.engine.version)
     try:
-        if multi_turn is not None:
-            while step < total and not stop:
-                at_step(step + 1)
-                if not follower.wait_for(required_version(step, config)):
-                    break
-                t0 = time.monotonic()
-                experiences, values = multi_turn.run_step(
-                    pipeline.tasks_for(step), first_group_id=group_of(step), step=step,
-                    seed=step_seed(config.run.seed, step, index), last=step + 1 >= total)
-                commit(step, experiences, values, time.monotonic() - t0, engine.version)
-        else:
-            assert rewards is not None
-            stream = StepStream(engine, settings, rewards, steps_in_flight(config),
-                                config.pipeline.dynamic_sampling)
-            log.info("up to %d steps in flight", stream.window)
-            submitted, t_last, t_refresh = step, time.monotonic(), 0.0
-            while step < total and not stop:
-                at_step(step + 1)
-                if time.monotonic() - t_refresh >= REFRESH_SECONDS or not len(stream):
-                    follower.refresh()  # between engine steps: requests in flight go on
-                    t_refresh = time.monotonic()
-                while (submitted < total and stream.has_room
-                       and engine.version >= required_version(submitted, config)):
-                    tasks = pipeline.tasks_for(submitted)
-                    first = group_of(submitted)
-                    stream.submit(submitted, tasks,
-                                  group_ids=range(first, first + len(tasks)),
-                                  seed=step_seed(config.run.seed, submitted, index),
-                                  reserve=pipeline.reserve_tasks_for(submitted))
-                    submitted += 1
-                    beat("running")  # its steps_in_flight: what a restart would redo
-                if not len(stream):  # nothing in flight: the next step needs newer weights
-                    if not follower.wait_for(required_version(submitted, config)):
-                        break
-                    continue
-                stream.advance()
-                for done in stream.completed():
-                    # before the write: a run stopped here redoes this step once resumed
-                    failures.add(len(done.experiences), done.metrics)
-                    now = time.monotonic()
-                    commit(done.step, done.experiences, done.metrics, now - t_last,
-                           done.version)
-                    t_last = now
-                    if stop:
-                        break
-            if len(stream):
-                log.info("%d uncommitted steps in flight dropped (redone after a restart)",
-                         len(stream))
-        at_step(None)
-        writer.close()
-        step = writer.committed_step
-        reason = "done" if step >= total else stop.reason
-        ledger.append("stop", step=step, reason=reason)
-        log.info("%s after step %d of %d", "finished" if step >= total else f"stopped ({reason})",
-                 step, total)
+        loop.explore()
+        loop.finish()
     except BaseException:
         follower.close()
         raise
     finally:
-        if multi_turn is not None:  # carried stragglers die with the process (documented)
-            multi_turn.close()
-        if rewards is not None:
-            rewards.close()
-        metrics.close()
-        ledger.close()
+        workflow.close()  # multi-turn: carried stragglers die with the process (documented)
+        loop.close()
         pipeline.close()
-    beat("done" if step >= total else "stopped")
-    if step >= total:  # the trainer may be sending a version already: take it
+    done = loop.step >= loop.total
+    loop.beat("done" if done else "stopped")
+    if done:  # the trainer may be sending a version already: take it
         follower.linger(config.sync.timeout)
     follower.close()
-    if step < total:
+    if not done:
         stop.check_requeue()
-    return step
+    return loop.step

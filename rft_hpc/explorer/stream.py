@@ -25,16 +25,21 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 import numpy as np
 
-from rft_hpc.buffer.records import Experience
 from rft_hpc.config import ExperimentConfig
 from rft_hpc.config.pipeline import DynamicSampling
+from rft_hpc.engines.protocol import StreamingEngine
 from rft_hpc.engines.requests import Completion, GroupRequest
-from rft_hpc.explorer.workflow import SamplingSettings, reward_calls, scored_experiences
-from rft_hpc.tasks.reward_pool import RewardPool, Scoring
+from rft_hpc.explorer.protocols import CompletedStep, Scorer, StepTasks
+from rft_hpc.explorer.workflow import (
+    RewardFailures,
+    SamplingSettings,
+    reward_calls,
+    scored_experiences,
+)
+from rft_hpc.tasks.reward_pool import Scoring
 from rft_hpc.tasks.task import Task
 
 
@@ -95,27 +100,23 @@ class _Step:
         return sorted(good + rest[:self.size - len(good)])
 
 
-@dataclass
-class CompletedStep:
-    """A step whose every group is scored: its records and metrics, ready to write."""
-
-    step: int
-    version: int
-    """The weights version it was submitted with (its records' first tokens are no older)."""
-    experiences: list[Experience]
-    metrics: dict[str, float]
-
-
 class StepStream:
-    """Keeps up to `window` explorer steps in flight on `engine`; see the module doc."""
+    """The single-turn `explorer.protocols.Workflow`: keeps up to `window` explorer steps
+    in flight on `engine`, scoring with `rewards`; see the module doc."""
 
-    def __init__(self, engine: Any, settings: SamplingSettings, rewards: RewardPool,
-                 window: int, dynamic: DynamicSampling | None = None) -> None:
+    def __init__(self, engine: StreamingEngine, settings: SamplingSettings, rewards: Scorer,
+                 window: int, dynamic: DynamicSampling | None = None,
+                 failures: RewardFailures | None = None) -> None:
+        """`failures`: counts each completed step's reward calls and raises once too many
+        failed (before the step is handed back, so a restart redoes it); None: not
+        counted. The stream owns `rewards` from now on (`close` stops it)."""
         self.engine, self.settings, self.rewards = engine, settings, rewards
         self.window = window
         self.dynamic = dynamic if dynamic is not None and dynamic.enabled else None
+        self.failures = failures
         self._steps: dict[int, _Step] = {}
         self._engine_seconds = 0.0  # engine time since the last completed step
+        self._handed_back: float | None = None  # when the last step was handed back
 
     def __len__(self) -> int:
         """Steps in flight (submitted, not yet handed back)."""
@@ -126,15 +127,21 @@ class StepStream:
         """Whether another step may be submitted."""
         return len(self._steps) < self.window
 
-    def submit(self, step: int, tasks: Sequence[Task], *, group_ids: Sequence[int],
-               seed: int, reserve: Sequence[tuple[Task, int]] = ()) -> None:
-        """Submit every group of `step` (with `group_ids`); the j-th group drawn samples
-        with seed `seed + j * repeat`, as one `generate` call of the step would. `reserve`:
-        the tasks and group ids dynamic sampling draws from, in order."""
-        st = _Step(step, len(tasks), [], [], [], seed, self.engine.version,
-                   reserve=list(reserve) if self.dynamic is not None else [])
-        self._steps[step] = st
-        self._draw(st, list(zip(tasks, group_ids, strict=True)))
+    @property
+    def in_flight(self) -> int:
+        """0: no task outlives its step here."""
+        return 0
+
+    def submit(self, step: StepTasks) -> None:
+        """Submit every group of `step` (with its group ids); the j-th group drawn samples
+        with seed `step.seed + j * repeat`, as one `generate` call of the step would. Its
+        `reserve`: the tasks and group ids dynamic sampling draws from, in order."""
+        if self._handed_back is None:
+            self._handed_back = time.monotonic()
+        st = _Step(step.step, len(step.tasks), [], [], [], step.seed, self.engine.version,
+                   reserve=list(step.reserve) if self.dynamic is not None else [])
+        self._steps[step.step] = st
+        self._draw(st, list(zip(step.tasks, step.group_ids, strict=True)))
 
     def _draw(self, st: _Step, tasks: Sequence[tuple[Task, int]]) -> None:
         """Submit groups for `tasks` (with their group ids) as the step's next ones."""
@@ -191,7 +198,8 @@ class StepStream:
             del st.reserve[:lacking]
 
     def completed(self) -> Iterator[CompletedStep]:
-        """The oldest steps whose groups are all scored, in step order, each once."""
+        """The oldest steps whose groups are all scored, in step order, each once; each
+        step's `seconds` run from the previous one's hand-back (or the first submission)."""
         while self._steps:
             st = self._steps[min(self._steps)]
             if not st.scored:
@@ -210,7 +218,16 @@ class StepStream:
             if self.dynamic is not None:
                 metrics.update(dynamic_metrics(st))
             self._engine_seconds = 0.0
-            yield CompletedStep(st.step, st.version, experiences, metrics)
+            if self.failures is not None:  # before the write: a restart redoes this step
+                self.failures.add(len(experiences), metrics)
+            now = time.monotonic()
+            assert self._handed_back is not None
+            seconds, self._handed_back = now - self._handed_back, now
+            yield CompletedStep(st.step, st.version, experiences, metrics, seconds)
+
+    def close(self) -> None:
+        """Stop the reward scorer; the requests still in the engine are left to it."""
+        self.rewards.close()
 
 
 def dynamic_metrics(st: _Step) -> dict[str, float]:

@@ -1,4 +1,5 @@
-"""Task -> Workflow -> Experiences: sample a group of responses per task and score them.
+"""A single-turn step's scored groups as records (`scored_experiences`), and the count of
+failed reward calls (`RewardFailures`); `explorer.stream` samples and scores the groups.
 
 A reward that raises or overruns its time limit scores its rollout 0: the record says why
 (`info["reward_failure"]`), the step's metrics count it (`reward_errors`,
@@ -9,24 +10,18 @@ stops it once too large a share of its reward calls failed.
 from __future__ import annotations
 
 import logging
-import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
 from rft_hpc.buffer.records import Experience
 from rft_hpc.core.errors import UserError
-from rft_hpc.engines.hf import HFEngine
 from rft_hpc.engines.requests import Completion
-from rft_hpc.tasks.reward_pool import RewardCall, RewardOutcome, score_inline
+from rft_hpc.tasks.reward_pool import RewardCall, RewardOutcome
 from rft_hpc.tasks.task import Task
 
 log = logging.getLogger(__name__)
-
-Scorer = Callable[[Sequence[RewardCall]], list[RewardOutcome]]
-"""Scores rollouts with their tasks' rewards: `RewardPool.score` (worker processes, a time
-limit per call) or `score_inline` (this thread)."""
 
 
 @dataclass(frozen=True)
@@ -63,32 +58,6 @@ def completion_to_experience(task: Task, prompt: Sequence[int], completion: Comp
         completion.first_version, step=step, info=info)
 
 
-def explore_tasks(engine: HFEngine, tasks: Sequence[Task], settings: SamplingSettings, *,
-                  first_group_id: int, step: int, seed: int,
-                  score: Scorer = score_inline) -> tuple[list[Experience], dict[str, float]]:
-    """Generate `repeat` rollouts per task, score them with `score`, and return them with
-    step metrics (`reward_errors`, `reward_timeouts`: failed reward calls, each scored 0
-    and logged with its task id; `generated_tokens` and `generate_seconds`: the response
-    tokens and the engine's time for them, the rollout throughput).
-
-    Group ids are `first_group_id + task index`, unique across explorers and steps when the
-    caller passes the task's position in the task stream.
-    """
-    prompts = [engine.prompt_ids(t) for t in tasks]
-    t0 = time.monotonic()
-    groups = engine.generate(prompts, n=settings.repeat, max_new_tokens=settings.max_new_tokens,
-                             temperature=settings.temperature, seed=seed)
-    generate_seconds = time.monotonic() - t0
-    t0 = time.monotonic()
-    outcomes = score(reward_calls(tasks, groups))
-    experiences, metrics = scored_experiences(
-        tasks, prompts, groups, outcomes,
-        group_ids=range(first_group_id, first_group_id + len(tasks)), step=step,
-        version=engine.version)
-    metrics.update(reward_seconds=time.monotonic() - t0, generate_seconds=generate_seconds)
-    return experiences, metrics
-
-
 def reward_calls(tasks: Sequence[Task], groups: Sequence[Sequence[Completion]],
                  ) -> list[RewardCall]:
     """One reward call per completion, task by task."""
@@ -102,7 +71,9 @@ def scored_experiences(tasks: Sequence[Task], prompts: Sequence[Sequence[int]],
                        ) -> tuple[list[Experience], dict[str, float]]:
     """The records of a step's scored groups (`outcomes` in `reward_calls` order; a failed
     call scores 0, is logged with its task and marked in the record; group j's records get
-    `group_ids[j]`) and the step's reward metrics (`explore_tasks`)."""
+    `group_ids[j]`) and the step's metrics: `reward_mean`, `reward_std`, `groups_all_equal`,
+    `response_length`, `finished`, `reward_errors` and `reward_timeouts` (failed reward
+    calls), `generated_tokens` (response tokens, the rollout throughput's)."""
     outcomes = iter(outcomes)
     experiences: list[Experience] = []
     errors = timeouts = 0

@@ -18,9 +18,12 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Literal
 
 import torch
+
+if TYPE_CHECKING:
+    from transformers import PretrainedConfig
 
 LayerSpec = Literal["local", "te"]
 
@@ -48,7 +51,7 @@ class ModelShape:
     """RMSNorms over each head's queries and keys before the rotary embedding (Qwen3)."""
 
     @classmethod
-    def from_hf(cls, config: Any) -> ModelShape:
+    def from_hf(cls, config: PretrainedConfig) -> ModelShape:
         """Read a transformers config of a family in `FAMILIES` (or anything with its
         attribute names; no `model_type` reads as llama); a `ValueError` naming what this
         conversion does not map: another family, biases other than Qwen2's, sliding-window

@@ -9,14 +9,18 @@ Call `megatron.core.parallel_state.initialize_model_parallel` before `build_gpt_
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from rft_hpc.megatron.convert import ModelShape, StateDict
 
+if TYPE_CHECKING:
+    from megatron.core.models.gpt.gpt_model import GPTModel
+    from transformers import PretrainedConfig
 
-def rope_theta(hf_config: Any) -> float:
+
+def rope_theta(hf_config: PretrainedConfig) -> float:
     """The rotary base of an HF config (transformers 5 `rope_parameters` or older
     `rope_theta`); refuses rope scaling, which this backend does not map."""
     params = getattr(hf_config, "rope_parameters", None) or {}
@@ -27,7 +31,7 @@ def rope_theta(hf_config: Any) -> float:
     return float(params.get("rope_theta", getattr(hf_config, "rope_theta", 10000.0)))
 
 
-def transformer_config_kwargs(hf_config: Any, *, tensor_parallel: int = 1,
+def transformer_config_kwargs(hf_config: PretrainedConfig, *, tensor_parallel: int = 1,
                               pipeline_parallel: int = 1,
                               dtype: torch.dtype = torch.float32,
                               cpu_init: bool = False, recompute: bool = False) -> dict[str, Any]:
@@ -58,9 +62,9 @@ def transformer_config_kwargs(hf_config: Any, *, tensor_parallel: int = 1,
     )
 
 
-def build_gpt_model(hf_config: Any, *, padded_vocab: int, tensor_parallel: int = 1,
+def build_gpt_model(hf_config: PretrainedConfig, *, padded_vocab: int, tensor_parallel: int = 1,
                     pipeline_parallel: int = 1, dtype: torch.dtype = torch.float32,
-                    cpu_init: bool = False, recompute: bool = False) -> Any:
+                    cpu_init: bool = False, recompute: bool = False) -> GPTModel:
     """A GPTModel (local spec) for this rank's pipeline stage, weights left uninitialised
     (load converted ones with `load_megatron_state`). Needs megatron-core and an
     initialised `parallel_state` with the same TP/PP sizes."""

@@ -20,7 +20,7 @@ load); `MegatronPolicy.hf_state` gathers them back (a collective of every rank).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, cast
 
 import torch
 
@@ -28,6 +28,9 @@ from rft_hpc.megatron.convert import ModelShape, StateDict, hf_to_megatron, padd
 from rft_hpc.megatron.model import build_gpt_model, load_megatron_state, weights_of
 from rft_hpc.megatron.publish import gather_hf_state
 from rft_hpc.megatron.shards import Layout, shard_state
+
+if TYPE_CHECKING:
+    from transformers import PretrainedConfig
 
 
 @dataclass
@@ -41,7 +44,7 @@ class MegatronPolicy(torch.nn.Module):
     """A GPTModel shard with an HF-style forward (see the module doc). Its parameters are
     the GPTModel's, named as megatron-core names them (`self.gpt.named_parameters()`)."""
 
-    def __init__(self, gpt: torch.nn.Module, hf_config: Any, layout: Layout,
+    def __init__(self, gpt: torch.nn.Module, hf_config: PretrainedConfig, layout: Layout,
                  padded_vocab: int, tp_rank: int, stage: int) -> None:
         super().__init__()
         self.gpt = gpt
@@ -51,7 +54,7 @@ class MegatronPolicy(torch.nn.Module):
         self.tp_rank, self.stage = tp_rank, stage
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
-                use_cache: bool = False, **_: Any) -> CausalLMOutput:
+                use_cache: bool = False, **_: object) -> CausalLMOutput:
         """Logits [B, L, V] of the real vocabulary for right-padded `input_ids`."""
         from megatron.core.tensor_parallel import gather_from_tensor_model_parallel_region
 
@@ -110,7 +113,8 @@ def build_policy(hf_model: torch.nn.Module, *, tensor_parallel: int, pipeline_pa
     `parallel_state` must be initialised with these sizes."""
     from megatron.core import parallel_state
 
-    config = hf_model.config
+    # an HF model's config: nn.Module's __getattr__ types every attribute Tensor | Module
+    config = cast("PretrainedConfig", hf_model.config)
     shape = ModelShape.from_hf(config)
     layout = Layout.for_model(shape, tensor_parallel, pipeline_parallel)
     vocab = padded_vocab_size(shape.vocab_size, tensor_parallel, divisible_by)

@@ -10,9 +10,12 @@ use grouped-query attention, as the real ones do.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
 
 from rft_hpc.models import chat_templates
+
+if TYPE_CHECKING:
+    from transformers import PretrainedConfig
 
 
 @dataclass(frozen=True)
@@ -41,13 +44,13 @@ class ChatFamily:
     """The token config.json names as bos_token_id when the tokenizer has none (Qwen:
     `<|endoftext|>`)."""
 
-    def config(self, vocab: dict[str, int], **shape: Any) -> Any:
+    def config(self, vocab: dict[str, int], **shape: int) -> PretrainedConfig:
         """The family's transformers config for a model of `shape` (transformers' keyword
         names) over the tokenizer vocabulary `vocab` (token -> id)."""
         import transformers
 
         ids = {"bos_token_id": self._bos_id(vocab), "eos_token_id": vocab[self.eos]}
-        extra: dict[str, Any] = {}
+        extra: dict[str, int | None] = {}
         if self.head_dim is not None:
             extra["head_dim"] = self.head_dim
         if self.name == "mistral":
@@ -57,7 +60,7 @@ class ChatFamily:
                    rope_theta=self.rope_theta, rms_norm_eps=1e-6, torch_dtype="float32",
                    **ids, **extra, **shape)
 
-    def generation_ids(self, vocab: dict[str, int]) -> dict[str, Any]:
+    def generation_ids(self, vocab: dict[str, int]) -> dict[str, int | list[int] | None]:
         """generation_config.json's token ids: eos_token_id lists the end-of-turn tokens (one
         id, as Mistral's, when there is only one)."""
         eos = [vocab[t] for t in self.end_of_turn]

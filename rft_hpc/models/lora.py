@@ -10,7 +10,9 @@ version's description (rank, alpha, target modules) is `adapter_config`.
 
 from __future__ import annotations
 
+import importlib
 import json
+import sys
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
@@ -18,6 +20,7 @@ from typing import Any
 import torch
 
 from rft_hpc.config.lora import LoraSettings
+from rft_hpc.core.errors import UserError
 
 ADAPTER_FILE = "adapter_model.safetensors"
 """The adapter's tensors in a peft adapter folder."""
@@ -28,11 +31,21 @@ ADAPTER_PARTS = (".lora_A.", ".lora_B.")
 _PARTS = ADAPTER_PARTS
 
 
+def _peft() -> Any:
+    """The `peft` module, imported on first use: only `model.lora` needs it, and a plain
+    `pip install rft-hpc` (no `lora` extra) must run everything else. Any: peft is optional,
+    so its types cannot be named here."""
+    try:
+        return importlib.import_module("peft")
+    except ModuleNotFoundError as exc:
+        raise UserError("model.lora needs the peft library, which is not installed: "
+                        "pip install 'rft-hpc[lora]'") from exc
+
+
+# Any: peft is optional (see _peft), so its LoraConfig cannot be named here
 def peft_config(settings: LoraSettings, base_model: str | None = None) -> Any:
     """peft's `LoraConfig` for a causal LM with these settings."""
-    from peft import LoraConfig
-
-    return LoraConfig(r=settings.rank, lora_alpha=settings.alpha,
+    return _peft().LoraConfig(r=settings.rank, lora_alpha=settings.alpha,
                       lora_dropout=settings.dropout, target_modules=settings.target_modules,
                       task_type="CAUSAL_LM", base_model_name_or_path=base_model)
 
@@ -43,18 +56,17 @@ def add_adapter(model: torch.nn.Module, settings: LoraSettings, seed: int = 0,
     what `model` did; A drawn from `seed`, the same in every process, whatever the global
     RNGs hold). Only the adapter's parameters require gradients; the base layers are
     changed in place (wrapped), not copied."""
-    from peft import get_peft_model
-
+    peft = _peft()
     with torch.random.fork_rng(devices=range(torch.cuda.device_count())):
         torch.manual_seed(seed)
-        return get_peft_model(model, peft_config(settings))
+        return peft.get_peft_model(model, peft_config(settings))
 
 
 def is_adapted(model: torch.nn.Module) -> bool:
-    """True when `model` carries a peft adapter."""
-    from peft import PeftModel
-
-    return isinstance(model, PeftModel)
+    """True when `model` carries a peft adapter. A model can only carry one once peft is
+    imported (`add_adapter` imports it), so this never imports peft itself."""
+    peft = sys.modules.get("peft")
+    return peft is not None and isinstance(model, peft.PeftModel)
 
 
 def is_adapter_state(state: Mapping[str, Any]) -> bool:
@@ -66,22 +78,18 @@ def adapter_state(model: torch.nn.Module,
                   full: Mapping[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
     """The adapter's tensors under peft's names, from `model` itself or from `full`, a
     state dict of the whole adapted model (a gathered FSDP state)."""
-    from peft import get_peft_model_state_dict
-
-    return dict(get_peft_model_state_dict(model, state_dict=None if full is None
-                                          else dict(full)))
+    full_state = None if full is None else dict(full)
+    return dict(_peft().get_peft_model_state_dict(model, state_dict=full_state))
 
 
 def load_adapter_state(model: torch.nn.Module, state: Mapping[str, torch.Tensor]) -> None:
     """Copy an adapter's tensors (peft names) into `model`'s adapter, strictly: every
     adapter tensor of the model must be given and nothing else (ValueError otherwise)."""
-    from peft import set_peft_model_state_dict
-
     expected = set(adapter_state(model))
     if set(state) != expected:
         odd = sorted(set(state) ^ expected)
         raise ValueError(f"adapter tensors differ from the model's adapter: {odd[:3]}")
-    set_peft_model_state_dict(model, dict(state))
+    _peft().set_peft_model_state_dict(model, dict(state))
 
 
 def model_names(state: Mapping[str, torch.Tensor], adapter: str = "default",
@@ -130,7 +138,7 @@ def adapter_config(settings: LoraSettings, tensor_names: Iterable[str],
     return json.loads(json.dumps(config, default=_json_default))
 
 
-def _json_default(value: Any) -> Any:
+def _json_default(value: object) -> list[object]:
     if isinstance(value, set | frozenset):
         return sorted(value)
     raise TypeError(f"{type(value).__name__} is not JSON")

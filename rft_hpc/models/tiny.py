@@ -15,10 +15,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Literal
 
 from rft_hpc.models.families import FAMILIES, ChatFamily
 from rft_hpc.models.tokenizer import SPECIAL_TOKENS, build_byte_tokenizer, build_char_tokenizer
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 ARITHMETIC_ALPHABET = "0123456789+-*=, "
 
@@ -123,7 +126,7 @@ def _init_chat_model(out: Path, spec: TinyModelSpec, family: ChatFamily) -> Path
     return out
 
 
-def _distinct_extras(model: Any, seed: int) -> None:
+def _distinct_extras(model: PreTrainedModel, seed: int) -> None:
     """Give the family's own weights values a consumer cannot get right by accident:
     transformers starts biases at 0 and norms at 1, so a loader that dropped Qwen2's q/k/v
     biases or swapped Qwen3's q/k norms would go unnoticed."""

@@ -110,7 +110,7 @@ class Display:
         return " | ".join(parts)
 
 
-def _fmt(v: Any) -> str:
+def _fmt(v: object) -> str:
     if v is None:
         return "-"
     if isinstance(v, float):

@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rft_hpc.config import load_config
 from rft_hpc.core.rundir import RunDir, atomic_write_json
 from rft_hpc.eval.results import evaluation_results
 from rft_hpc.monitor.metrics import read_metrics
 from rft_hpc.run.stages import StageSeconds, finished_stages
+
+if TYPE_CHECKING:
+    from matplotlib.axes import Axes
 
 SUMMARY_VERSION = 1
 _EVAL_KEYS = ("version", "taskset", "metric", "accuracy", "tasks")
@@ -104,7 +107,7 @@ def write_report(run: RunDir, stages: list[dict[str, Any]]) -> Path:
     return path
 
 
-def _plot_off_policy(ax: Any, mismatch: list[tuple[str, list[tuple[int, float]]]],
+def _plot_off_policy(ax: Axes, mismatch: list[tuple[str, list[tuple[int, float]]]],
                      staleness: list[tuple[str, list[tuple[int, float]]]]) -> None:
     """The mismatch KL on a log axis (it spans orders of magnitude; steps where the engine
     and the trainer agreed exactly, KL 0, have no point) and the staleness on a second

@@ -7,11 +7,12 @@ import os
 import signal
 import time
 from pathlib import Path
-from typing import Any
+from types import FrameType
 
 import yaml
 
 from rft_hpc.config import ExperimentConfig, load_config
+from rft_hpc.core.json_types import JSONValue
 from rft_hpc.core.rundir import RunDir, atomic_write_json, atomic_write_text, read_json
 from rft_hpc.core.watch import FolderWatch
 from rft_hpc.runtime.lifecycle import RequeueRequested
@@ -42,7 +43,7 @@ class StopFlag:
         for sig in STOP_SIGNALS:
             signal.signal(sig, self._handle)
 
-    def _handle(self, signum: int, _frame: Any) -> None:
+    def _handle(self, signum: int, _frame: FrameType | None) -> None:
         self.signal = signum
 
     def out_of_time(self) -> None:
@@ -80,7 +81,7 @@ class StopFlag:
         return bool(self)
 
 
-def write_heartbeat(run: RunDir, role: str, **fields: Any) -> None:
+def write_heartbeat(run: RunDir, role: str, **fields: JSONValue) -> None:
     """Replace `state/<role>.json` with the role's current state and the time (and, in a
     Slurm job, how many times Slurm has restarted it)."""
     restarts = int(os.environ.get("SLURM_RESTART_COUNT", "0") or 0)

@@ -11,14 +11,14 @@ signal before the role's `StopFlag` exists (the flag takes it over), and
 from __future__ import annotations
 
 import signal
-from typing import Any
+from types import FrameType
 
 from rft_hpc.core.forkserver import STOP_SIGNALS
 
 _early: list[int] = []
 
 
-def _record(signum: int, _frame: Any) -> None:
+def _record(signum: int, _frame: FrameType | None) -> None:
     _early.append(signum)
 
 

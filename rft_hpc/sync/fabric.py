@@ -23,28 +23,17 @@ import zlib
 from collections import OrderedDict
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
-from typing import Protocol
 
 import torch
 
+from rft_hpc.sync.protocols import SyncFailed, WeightReceiver
 from rft_hpc.sync.storage import dtype_name
+
+__all__ = ["SyncFailed"]  # the transports import it from here too
 
 PROTOCOL_VERSION = 2
 """The fabric protocol's version (docs/weights-format.md): 2 added delta versions."""
 DEFAULT_BUCKET_MB = 64.0
-
-
-class SyncFailed(RuntimeError):
-    """A fabric sync did not complete: a peer died, broke the protocol or was too slow.
-
-    Raised in the sender and in every living receiver instead of hanging. `version` is the
-    weights version that was being synced (None when unknown); the roles fall back to the
-    `checkpoint` method for it.
-    """
-
-    def __init__(self, message: str, version: int | None = None) -> None:
-        super().__init__(message)
-        self.version = version
 
 
 def check_protocol(version: int) -> None:
@@ -253,19 +242,6 @@ def crc32_of(buffers: Iterator[torch.Tensor] | list[torch.Tensor]) -> int:
     return crc
 
 
-class Receiver(Protocol):
-    """What `BackgroundReceiver` drives: `CollectiveReceiver`, `MpiReceiver`, ..."""
-
-    def receive(self, wait: float | None = None) -> tuple[int, dict[str, torch.Tensor]] | None:
-        ...
-
-    def close(self) -> None:
-        ...
-
-    def give_back(self, state_dict: Mapping[str, torch.Tensor]) -> None:
-        ...
-
-
 class BackgroundReceiver:
     """Receives versions on a daemon thread while the explorer keeps generating.
 
@@ -275,7 +251,7 @@ class BackgroundReceiver:
     `checkpoint` method instead.
     """
 
-    def __init__(self, receiver: Receiver, poll: float = 0.2) -> None:
+    def __init__(self, receiver: WeightReceiver, poll: float = 0.2) -> None:
         self.receiver = receiver
         self.failures: list[SyncFailed] = []
         self._poll = poll

@@ -9,7 +9,6 @@ this explorer was not yet listening).
 from __future__ import annotations
 
 import time
-from typing import Any
 
 from rft_hpc.config import ExperimentConfig
 from rft_hpc.core.rundir import RunDir
@@ -17,11 +16,12 @@ from rft_hpc.core.watch import FolderWatch
 from rft_hpc.runtime.common import StopFlag, role_status
 from rft_hpc.runtime.lifecycle import JobClock
 from rft_hpc.sync.checkpoint import WeightsGone, latest_weights_version, load_weights
+from rft_hpc.sync.protocols import VersionSource, WeightSink
 from rft_hpc.sync.publisher import fabric_backend, sync_folder
 from rft_hpc.sync.storage import ReadBuffer
 
 
-def build_receiver(config: ExperimentConfig, run: RunDir, index: int) -> Any:
+def build_receiver(config: ExperimentConfig, run: RunDir, index: int) -> VersionSource | None:
     """A background receiver for explorer `index` (None with the checkpoint method)."""
     sync = config.sync
     if sync.method == "checkpoint":
@@ -42,8 +42,8 @@ def build_receiver(config: ExperimentConfig, run: RunDir, index: int) -> Any:
 class WeightFollower:
     """Keeps an engine on the newest weights the trainer published."""
 
-    def __init__(self, run: RunDir, engine: Any, stop: StopFlag, clock: JobClock | None = None,
-                 receiver: Any = None) -> None:
+    def __init__(self, run: RunDir, engine: WeightSink, stop: StopFlag,
+                 clock: JobClock | None = None, receiver: VersionSource | None = None) -> None:
         self.run, self.engine, self.stop, self.clock = run, engine, stop, clock
         self.receiver = receiver
         self.read_buffer = ReadBuffer()  # the engine copies weights in: reuse it every load

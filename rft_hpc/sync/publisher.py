@@ -33,6 +33,7 @@ from rft_hpc.sync.background import BackgroundWeightWriter
 from rft_hpc.sync.checkpoint import latest_weights_version, publish_weights
 from rft_hpc.sync.delta import DeltaChain
 from rft_hpc.sync.fabric import SyncFailed
+from rft_hpc.sync.protocols import WeightSender
 
 log = logging.getLogger(__name__)
 
@@ -60,7 +61,7 @@ class WeightPublisher:
         """Versions that went over the fabric as deltas (every explorer applied them)."""
         self.files_version = latest_weights_version(run.weights)
         """The newest version written as files, or being written in the background."""
-        self._sender: Any = None
+        self._sender: WeightSender | None = None
         self._chain = DeltaChain(config.sync.full_every if config.model.lora is None else 1)
         self._writer = (BackgroundWeightWriter(run.weights, keep_also, self._chain)
                         if self.method == "checkpoint" and config.sync.background else None)
@@ -119,7 +120,7 @@ class WeightPublisher:
                         version, exc)
             return False
 
-    def _sender_for(self) -> Any:
+    def _sender_for(self) -> WeightSender:
         if self._sender is not None:
             return self._sender
         sync, count = self.config.sync, self.config.explorer.count
@@ -135,10 +136,10 @@ class WeightPublisher:
         else:
             from rft_hpc.sync.mpi_port import MpiPortSender
 
-            self._sender = MpiPortSender(folder, timeout=sync.timeout,
-                                         bucket_mb=sync.bucket_mb, checksum=sync.checksum,
-                                         full_every=self._chain.full_every)
-            self._sender.wait_for_receivers(count, sync.timeout)
+            port = MpiPortSender(folder, timeout=sync.timeout, bucket_mb=sync.bucket_mb,
+                                 checksum=sync.checksum, full_every=self._chain.full_every)
+            port.wait_for_receivers(count, sync.timeout)
+            self._sender = port
         return self._sender
 
     def _an_explorer_finished(self) -> bool:

@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import datetime
 import math
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Mapping, Sequence
 
 from rft_hpc.core.errors import UserError
+from rft_hpc.core.json_types import JSONObject, JSONValue
 from rft_hpc.tasks.rows import Rows, type_name
 
 
@@ -38,13 +38,13 @@ def pick_column(rows: Rows, first: str, second: str, second_forced: bool) -> str
     return first
 
 
-def _value(row: dict[str, Any], column: str) -> Any:
+def _value(row: Mapping[str, object], column: str) -> object:
     if column not in row:
         raise RowError(f"no column {column!r} (the row has: {', '.join(row) or 'none'})")
     return row[column]
 
 
-def text(row: dict[str, Any], column: str) -> str:
+def text(row: Mapping[str, object], column: str) -> str:
     """The string in `column`."""
     value = _value(row, column)
     if not isinstance(value, str):
@@ -52,7 +52,7 @@ def text(row: dict[str, Any], column: str) -> str:
     return value
 
 
-def answer_text(row: dict[str, Any], column: str) -> str:
+def answer_text(row: Mapping[str, object], column: str) -> str:
     """The reference answer in `column`: a string, or an integer as its decimal text."""
     value = _value(row, column)
     if isinstance(value, int) and not isinstance(value, bool):
@@ -63,7 +63,7 @@ def answer_text(row: dict[str, Any], column: str) -> str:
     return value
 
 
-def messages(row: dict[str, Any], column: str) -> list[dict[str, str]]:
+def messages(row: Mapping[str, object], column: str) -> list[dict[str, str]]:
     """The chat messages in `column`: a non-empty list of `{role, content}` strings."""
     value = _value(row, column)
     if not isinstance(value, list | tuple) or not value:
@@ -79,16 +79,16 @@ def messages(row: dict[str, Any], column: str) -> list[dict[str, str]]:
     return out
 
 
-def _shape(m: Any) -> str:
+def _shape(m: object) -> str:
     if not isinstance(m, dict):
         return type_name(m)
     return "{" + ", ".join(f"{k}: {type_name(v)}" for k, v in m.items()) + "}"
 
 
-def info(row: dict[str, Any], used: Sequence[str]) -> dict[str, Any]:
+def info(row: Mapping[str, object], used: Sequence[str]) -> JSONObject:
     """The row's other columns (all but `used`), as JSON values; a column named `info`
     holding a mapping is merged in."""
-    out: dict[str, Any] = {}
+    out: JSONObject = {}
     nested = row.get("info")
     if isinstance(nested, dict) and "info" not in used:
         out.update({str(k): jsonable(v) for k, v in nested.items()})
@@ -98,7 +98,7 @@ def info(row: dict[str, Any], used: Sequence[str]) -> dict[str, Any]:
     return out
 
 
-def jsonable(value: Any) -> Any:
+def jsonable(value: object) -> JSONValue:
     """`value` as JSON can hold it: dates as ISO text, bytes as text, NaN as None, other
     unknown types as their text."""
     if value is None or isinstance(value, bool | int | str):

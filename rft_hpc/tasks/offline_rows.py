@@ -10,11 +10,12 @@ into buffer records.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
 
 from rft_hpc.config.tasks import DataSourceFields
 from rft_hpc.core.errors import UserError
+from rft_hpc.core.json_types import JSONObject
 from rft_hpc.tasks import columns as col
 from rft_hpc.tasks.rows import raise_errors, read_rows
 from rft_hpc.tasks.task import Task
@@ -76,9 +77,9 @@ def load_offline_examples(source: DataSourceFields, kind: str,
     return examples
 
 
-def _example(row: dict[str, Any], kind: str, prompt_col: str, chat: bool,
+def _example(row: Mapping[str, object], kind: str, prompt_col: str, chat: bool,
              answers: tuple[str, ...], id_col: str, default_id: str, taskset: str,
-             info: dict[str, Any]) -> OfflineExample:
+             info: JSONObject) -> OfflineExample:
     ident = row.get(id_col)
     if ident is not None and not isinstance(ident, str | int):
         raise col.RowError(f"column {id_col!r} holds {col.type_name(ident)}, expected a "
@@ -99,7 +100,7 @@ def _example(row: dict[str, Any], kind: str, prompt_col: str, chat: bool,
     return OfflineExample(kind, prompt, responses)
 
 
-def _response(row: dict[str, Any], column: str) -> str:
+def _response(row: Mapping[str, object], column: str) -> str:
     value = col.text(row, column)
     if not value.strip():
         raise col.RowError(f"column {column!r} is empty: a response must have text to "

@@ -8,11 +8,14 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from rft_hpc.config.prompt import PromptConfig
 from rft_hpc.core.errors import UserError
 from rft_hpc.tasks.task import Task
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 
 def chat_messages(task: Task, fmt: PromptConfig) -> list[dict[str, str]]:
@@ -25,7 +28,7 @@ def chat_messages(task: Task, fmt: PromptConfig) -> list[dict[str, str]]:
     return messages
 
 
-def prompt_text(tokenizer: Any, task: Task, fmt: PromptConfig) -> str:
+def prompt_text(tokenizer: PreTrainedTokenizerBase, task: Task, fmt: PromptConfig) -> str:
     """The prompt as text: the raw prompt, or the chat template rendered over
     `chat_messages` (with the generation prompt when `fmt.add_generation_prompt`)."""
     if fmt.format == "raw":
@@ -41,7 +44,7 @@ def prompt_text(tokenizer: Any, task: Task, fmt: PromptConfig) -> str:
                                          add_generation_prompt=fmt.add_generation_prompt)
 
 
-def prompt_ids(tokenizer: Any, task: Task, fmt: PromptConfig) -> list[int]:
+def prompt_ids(tokenizer: PreTrainedTokenizerBase, task: Task, fmt: PromptConfig) -> list[int]:
     """The prompt's token ids. Raw text is tokenized with the tokenizer's special tokens
     (BOS where it adds one); a rendered chat template carries its own, so it is tokenized
     without adding any (as `apply_chat_template(tokenize=True)` does)."""
@@ -50,7 +53,7 @@ def prompt_ids(tokenizer: Any, task: Task, fmt: PromptConfig) -> list[int]:
     return list(tokenizer(text, add_special_tokens=special)["input_ids"])
 
 
-def stop_token_ids(tokenizer: Any, generation_eos: int | Iterable[int] | None,
+def stop_token_ids(tokenizer: PreTrainedTokenizerBase, generation_eos: int | Iterable[int] | None,
                    fmt: PromptConfig | None = None) -> list[int]:
     """Token ids that end a response, each once: with format chat the template's
     end-of-turn token first (`end_of_turn_id`), then the tokenizer's EOS, then the model's
@@ -74,7 +77,7 @@ def stop_token_ids(tokenizer: Any, generation_eos: int | Iterable[int] | None,
 _PROBE = "rft-hpc end-of-turn probe"
 
 
-def end_of_turn_id(tokenizer: Any) -> int | None:
+def end_of_turn_id(tokenizer: PreTrainedTokenizerBase) -> int | None:
     """The special token the chat template writes right after an assistant message's
     content (`<|im_end|>`, `<|eot_id|>`, `</s>`, ...), or None when it writes none."""
     if not getattr(tokenizer, "chat_template", None):
@@ -90,7 +93,7 @@ def end_of_turn_id(tokenizer: Any) -> int | None:
     return int(after[0]) if after and after[0] in special else None
 
 
-def model_stop_ids(model_path: str | Path, tokenizer: Any,
+def model_stop_ids(model_path: str | Path, tokenizer: PreTrainedTokenizerBase,
                    fmt: PromptConfig | None = None) -> list[int]:
     """`stop_token_ids` of a model folder: with its generation_config.json `eos_token_id`,
     else its config.json one (what transformers' `model.generation_config` holds)."""
@@ -103,7 +106,7 @@ def model_stop_ids(model_path: str | Path, tokenizer: Any,
     return stop_token_ids(tokenizer, None, fmt)
 
 
-def response_ids(tokenizer: Any, text: str, stop_ids: list[int]) -> list[int]:
+def response_ids(tokenizer: PreTrainedTokenizerBase, text: str, stop_ids: list[int]) -> list[int]:
     """A response the model should produce (an SFT answer, a DPO choice): its tokens without
     special tokens, then the first of `stop_ids` (`stop_token_ids`: with format chat the
     template's end-of-turn token, else the tokenizer's EOS)."""

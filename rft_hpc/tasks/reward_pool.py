@@ -18,8 +18,8 @@ SIGALRM work there too.
 
 Each outcome says whether the call raised (`error`) or overran (`timed_out`); counting them
 and deciding when too many failed is the caller's business (the explorer,
-`explorer.reward_failure_limit`). `score_inline` is the same contract in the calling thread,
-without a time limit, for tools and tests that run no worker processes.
+`explorer.reward_failure_limit`). The pool is the explorer's reward `Scorer`
+(`explorer.protocols`).
 """
 
 from __future__ import annotations
@@ -31,7 +31,6 @@ from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 from multiprocessing.connection import Connection, wait
-from typing import Any
 
 from rft_hpc.core.forkserver import forkserver_context
 from rft_hpc.tasks.task import Task
@@ -72,19 +71,6 @@ class RewardOutcome:
 
 RewardCall = tuple[Task, str]
 """(task, response text): one rollout to score with the task's reward."""
-
-
-def score_inline(calls: Sequence[RewardCall]) -> list[RewardOutcome]:
-    """Each call's outcome, computed in this thread (no time limit)."""
-    from rft_hpc.tasks.rewards import call_reward
-
-    outcomes = []
-    for task, response in calls:
-        try:
-            outcomes.append(RewardOutcome(call_reward(task, response)))
-        except Exception as exc:  # the reward's fault costs its rollout only
-            outcomes.append(RewardOutcome(error=_describe(exc)))
-    return outcomes
 
 
 def _describe(exc: BaseException) -> str:
@@ -312,5 +298,5 @@ class RewardPool:
     def __enter__(self) -> RewardPool:
         return self
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()

@@ -48,6 +48,7 @@ def call_reward(task: Task, response: str) -> float:
     return as_score(value, task.reward)
 
 
+# Any: what a user's reward function returned, whatever it is; float() decides
 def as_score(value: Any, name: str) -> float:
     """`value` as a float; `TypeError` for a non-number (bool counts) or a NaN/infinity."""
     if isinstance(value, bool):
@@ -62,7 +63,7 @@ def as_score(value: Any, name: str) -> float:
     return score
 
 
-def signature_problem(fn: RewardFn, args: Mapping[str, Any]) -> str | None:
+def signature_problem(fn: RewardFn, args: Mapping[str, object]) -> str | None:
     """Why `fn(task, response, **args)` cannot be called, or None when it can (or when
     `fn` has no signature to check, as some C functions)."""
     import inspect

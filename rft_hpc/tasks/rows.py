@@ -11,7 +11,6 @@ import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from rft_hpc.core.errors import UserError
 
@@ -30,7 +29,7 @@ class Rows:
     columns: list[str]
     """Column names of the source (JSONL: every key of any row, in order of appearance)."""
 
-    rows: list[dict[str, Any]]
+    rows: list[dict[str, object]]
     start: int
     """Index in the source of `rows[0]`."""
 
@@ -76,7 +75,7 @@ def _span(rows: tuple[int, int] | None, total: int) -> tuple[int, int]:
 
 
 def _read_jsonl(path: Path, rows: tuple[int, int] | None) -> Rows:
-    objs: list[dict[str, Any]] = []
+    objs: list[dict[str, object]] = []
     lines: list[int] = []
     errors: list[str] = []
     start, stop = rows if rows is not None else (0, None)
@@ -149,7 +148,7 @@ def _read_datasets_folder(path: Path, split: str | None, rows: tuple[int, int] |
     return Rows(where, list(loaded.column_names), part.to_list(), start)
 
 
-def type_name(value: Any) -> str:
+def type_name(value: object) -> str:
     """How messages name the type of a value read from a source."""
     if value is None:
         return "null"

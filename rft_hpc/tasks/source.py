@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Any
 
+from rft_hpc.config.rewards import RewardSpec
 from rft_hpc.config.tasks import ArithmeticTasks, FileTasks
 from rft_hpc.tasks.arithmetic import arithmetic_tasks
 from rft_hpc.tasks.files import load_tasks
@@ -26,7 +26,7 @@ def build_tasks(source: ArithmeticTasks | FileTasks, seed: int) -> tuple[list[Ta
     return train, held_out
 
 
-def _with_reward(tasks: list[Task], reward: Any) -> list[Task]:
+def _with_reward(tasks: list[Task], reward: str | RewardSpec) -> list[Task]:
     """`tasks` scored by `reward`: a name, or a spec with `name` and `args`."""
     name, args = (reward, {}) if isinstance(reward, str) else (reward.name, dict(reward.args))
     given = {"reward_args": args} if args else {}

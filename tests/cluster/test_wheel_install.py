@@ -11,18 +11,13 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import subprocess
 import sys
 import sysconfig
-import time
 from pathlib import Path
 
 import pytest
-
-ROOT = next(p for p in Path(__file__).resolve().parents if (p / "pyproject.toml").is_file())
-SOURCES = ("pyproject.toml", "setup.py", "README.md", "rft_hpc", "slurm")
-"""What a wheel is built from (copied out of the checkout: the build writes build/ and
-*.egg-info next to its sources, and test sessions may build at the same time)."""
+from helpers.paths import ROOT
+from helpers.wheel import build_wheel, ok
 
 TEMPLATES = "import importlib.resources as r; print(r.files('rft_hpc.slurm'))"
 
@@ -32,55 +27,22 @@ THREE_STEPS = ["--set", "stages=[]", "--set", "trainer.steps=3", "--set", "train
                "--set", "eval.interval=3"]
 
 
-def _sh(argv: list[str | Path], *, cwd: Path, env: dict[str, str] | None = None,
-        timeout: float = 300) -> subprocess.CompletedProcess[str]:
-    """Run `argv`, print the command and its output (kept in the test's report), and
-    return the finished process."""
-    start = time.monotonic()
-    result = subprocess.run([str(a) for a in argv], cwd=cwd, env=env, capture_output=True,
-                            text=True, timeout=timeout)
-    print(f"$ {' '.join(map(str, argv))}   (in {cwd}: exit {result.returncode}, "
-          f"{time.monotonic() - start:.1f} s)")
-    for stream in (result.stdout, result.stderr):
-        if stream.strip():
-            print(stream.rstrip()[-4000:])
-    return result
-
-
-def _ok(argv: list[str | Path], **kwargs) -> subprocess.CompletedProcess[str]:
-    result = _sh(argv, **kwargs)
-    assert result.returncode == 0, f"{argv[:3]} failed:\n{result.stderr[-3000:]}"
-    return result
-
-
 @pytest.fixture(scope="module")
 def installed(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A new venv holding the wheel built from the checkout; its bin folder."""
     base = tmp_path_factory.mktemp("wheel")
-    src = base / "src"
-    for name in SOURCES:
-        if (ROOT / name).is_dir():
-            shutil.copytree(ROOT / name, src / name,
-                            ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
-        elif (ROOT / name).is_file():
-            src.mkdir(exist_ok=True)
-            shutil.copy2(ROOT / name, src / name)
-    dist = base / "dist"
-    # no isolation: the build uses this venv's setuptools (no package index needed)
-    _ok([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation",
-         "--disable-pip-version-check", "-q", "-w", dist, src], cwd=base)
-    (wheel,) = dist.glob("rft_hpc-*.whl")
+    wheel = build_wheel(base)
     venv = base / "venv"
-    _ok([sys.executable, "-m", "venv", "--without-pip", venv], cwd=base)
+    ok([sys.executable, "-m", "venv", "--without-pip", venv], cwd=base)
     python = venv / "bin" / "python"
-    purelib = Path(_ok([python, "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
-                       cwd=base).stdout.strip())
+    purelib = Path(ok([python, "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
+                      cwd=base).stdout.strip())
     # a plain path line: the test venv's own .pth files (its editable rft_hpc finder among
     # them) are not run in the new venv
     seen = {sysconfig.get_path("purelib"), sysconfig.get_path("platlib")}
     (purelib / "test-venv.pth").write_text("".join(f"{p}\n" for p in sorted(seen)))
-    _ok([python, "-m", "pip", "install", "--no-deps", "--no-index",
-         "--disable-pip-version-check", wheel], cwd=base)
+    ok([python, "-m", "pip", "install", "--no-deps", "--no-index",
+        "--disable-pip-version-check", wheel], cwd=base)
     return venv / "bin"
 
 
@@ -94,22 +56,22 @@ def test_the_wheel_installed_outside_the_checkout_runs_the_demo(
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     env["PATH"] = f"{installed}{os.pathsep}{env['PATH']}"
     python = installed / "python"
-    purelib = Path(_ok([python, "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
-                       cwd=work, env=env).stdout.strip())
+    purelib = Path(ok([python, "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
+                      cwd=work, env=env).stdout.strip())
 
-    package = Path(_ok([python, "-c", "import rft_hpc; print(rft_hpc.__file__)"], cwd=work,
-                       env=env).stdout.strip())
+    package = Path(ok([python, "-c", "import rft_hpc; print(rft_hpc.__file__)"], cwd=work,
+                      env=env).stdout.strip())
     print(f"rft_hpc imported from {package}")
     assert package == purelib / "rft_hpc" / "__init__.py"
     assert not package.is_relative_to(ROOT)
 
     rft = installed / "rft-hpc"
-    _ok([rft, "model", "init", "tiny", "--out", "runs/models/tiny"], cwd=work, env=env)
+    ok([rft, "model", "init", "tiny", "--out", "runs/models/tiny"], cwd=work, env=env)
     assert (work / "runs" / "models" / "tiny" / "config.json").is_file()
-    assert "OK: configs/demo.yaml" in _ok([rft, "validate", "configs/demo.yaml"], cwd=work,
-                                          env=env).stdout
+    assert "OK: configs/demo.yaml" in ok([rft, "validate", "configs/demo.yaml"], cwd=work,
+                                         env=env).stdout
 
-    _ok([rft, "render", "configs/demo.yaml", "--set", "run.root=rendered", "--out", "scripts"],
+    ok([rft, "render", "configs/demo.yaml", "--set", "run.root=rendered", "--out", "scripts"],
         cwd=work, env=env)
     scripts = sorted(p.name for p in (work / "scripts").iterdir())
     assert "submit.sh" in scripts and "sft.trainer.sbatch" in scripts, scripts
@@ -117,18 +79,18 @@ def test_the_wheel_installed_outside_the_checkout_runs_the_demo(
     assert f"{python} -m rft_hpc.cli role trainer" in trainer_script
 
     cluster_env = {**env, **slurm_env}
-    dry = _ok([rft, "submit", "configs/demo.yaml", "--set", "run.root=submitted",
-               "--dry-run"], cwd=work, env=cluster_env)
+    dry = ok([rft, "submit", "configs/demo.yaml", "--set", "run.root=submitted",
+              "--dry-run"], cwd=work, env=cluster_env)
     assert "dry run: " in dry.stdout and "nothing was submitted" in dry.stdout
     assert "#SBATCH --job-name=demo.sft.trainer" in dry.stdout
     assert not (work / "submitted").exists()
 
-    templates = Path(_ok([python, "-c", TEMPLATES], cwd=work, env=env).stdout.strip())
+    templates = Path(ok([python, "-c", TEMPLATES], cwd=work, env=env).stdout.strip())
     print(f"sbatch templates loaded from {templates}")
     assert templates == purelib / "rft_hpc" / "slurm"
     assert (templates / "role.sbatch").read_text() == (ROOT / "slurm" / "role.sbatch").read_text()
 
-    _ok([rft, "run", "configs/demo.yaml", *THREE_STEPS], cwd=work, env=env, timeout=600)
+    ok([rft, "run", "configs/demo.yaml", *THREE_STEPS], cwd=work, env=env, timeout=600)
     summary = json.loads((work / "runs" / "demo" / "summary.json").read_text())
     print(f"summary: trainer {summary['trainer']}, eval {summary['eval']}")
     assert summary["trainer"]["steps"] == 3

@@ -11,6 +11,7 @@ from helpers.paths import DEMO
 from helpers.runs import rft, rollouts, short
 
 from rft_hpc.engines.hf import HFEngine
+from rft_hpc.explorer.protocols import StepTasks
 from rft_hpc.explorer.stream import StepStream
 from rft_hpc.explorer.workflow import SamplingSettings
 from rft_hpc.monitor.metrics import read_metrics
@@ -31,8 +32,8 @@ def run_step(engine, pool, own: list[str], reserve: list[str], **dynamic):
 
     stream = StepStream(engine, SETTINGS, pool, window=1,
                         dynamic=DynamicSampling(enabled=True, **dynamic))
-    stream.submit(0, [task(n) for n in own], group_ids=range(len(own)), seed=7,
-                  reserve=[(task(n), 100 + r) for r, n in enumerate(reserve)])
+    stream.submit(StepTasks(0, [task(n) for n in own], range(len(own)), seed=7,
+                            reserve=[(task(n), 100 + r) for r, n in enumerate(reserve)]))
     done = []
     while len(stream):
         stream.advance()

@@ -8,6 +8,7 @@ import time
 
 import pytest
 import torch
+from helpers.explore import explore_step
 from helpers.paths import DEMO
 from helpers.runs import rft, rollouts, short
 
@@ -15,9 +16,10 @@ from rft_hpc.batch.logprobs import token_logprobs
 from rft_hpc.batch.tokens import collate
 from rft_hpc.config.schema import VLLMConfig
 from rft_hpc.engines.hf import load_policy
+from rft_hpc.engines.protocol import StreamingEngine
 from rft_hpc.engines.requests import GroupRequest
 from rft_hpc.engines.vllm import VLLMEngine
-from rft_hpc.explorer.workflow import SamplingSettings, completion_to_experience, explore_tasks
+from rft_hpc.explorer.workflow import SamplingSettings, completion_to_experience
 from rft_hpc.tasks.task import Task
 from rft_hpc.trainer.prepare import token_versions
 from rft_hpc.trainer.versions import PolicyVersions
@@ -65,7 +67,7 @@ def hf_sequence_logprobs(model, sequences):
 
 
 def assert_sampled_logprobs_are_the_trainers(engine, model, temperature, seed=5):
-    experiences, _ = explore_tasks(
+    experiences, _ = explore_step(
         engine, TASKS, SamplingSettings(repeat=4, max_new_tokens=6, temperature=temperature),
         first_group_id=10, step=0, seed=seed)
     assert len(experiences) == 12
@@ -125,6 +127,15 @@ def test_incomplete_weights_are_refused_before_they_reach_the_engine(engine, pol
     seq = [engine.encode("12+34=46")]
     torch.testing.assert_close(torch.tensor(engine.sequence_logprobs(seq)[0]),
                                hf_sequence_logprobs(model, seq)[0], atol=ATOL, rtol=0)
+
+
+def test_the_vllm_engine_is_a_streaming_engine_with_the_models_context(engine, policy):
+    model, _ = policy
+    assert isinstance(engine, StreamingEngine)
+    # no max_model_len set: vLLM takes the model's max positions
+    assert engine.context_limit() == model.config.max_position_embeddings
+    assert engine.plain_tokens("12+34=") == list(
+        engine.tokenizer("12+34=", add_special_tokens=False)["input_ids"])
 
 
 def test_same_seed_same_samples_and_equal_prompts_differ(engine, policy):

@@ -5,12 +5,14 @@ an asynchronous demo run whose steps overlap and whose audit passes."""
 from __future__ import annotations
 
 import pytest
+from helpers.explore import explore_step
 from helpers.paths import DEMO
 from helpers.runs import rft, rollouts, short
 
 from rft_hpc.engines.hf import HFEngine
+from rft_hpc.explorer.protocols import StepTasks, Workflow
 from rft_hpc.explorer.stream import StepStream
-from rft_hpc.explorer.workflow import SamplingSettings, explore_tasks
+from rft_hpc.explorer.workflow import SamplingSettings
 from rft_hpc.monitor.metrics import read_metrics
 from rft_hpc.tasks.reward_pool import RewardPool
 from rft_hpc.tasks.task import Task
@@ -43,11 +45,12 @@ def test_steps_in_flight_are_committed_in_order_with_the_step_barriers_records(t
     settings = SamplingSettings(repeat=4, max_new_tokens=4, temperature=1.0)
     with RewardPool(workers=2, timeout=30.0) as pool:
         stream = StepStream(engine, settings, pool, window=3)
+        assert isinstance(stream, Workflow)
         # step 0's rewards are slow: steps 1 and 2 are generated and scored meanwhile
         plan = {0: tasks(0, SLOW, seconds=1.0), 1: tasks(1), 2: tasks(2)}
         for step, ts in plan.items():
-            stream.submit(step, ts, group_ids=range(10 * step, 10 * step + len(ts)),
-                          seed=100 + step)
+            stream.submit(StepTasks(step, ts, range(10 * step, 10 * step + len(ts)),
+                                    seed=100 + step))
         assert not stream.has_room and len(stream) == 3
         got = []
         while len(stream):
@@ -56,9 +59,10 @@ def test_steps_in_flight_are_committed_in_order_with_the_step_barriers_records(t
         assert [c.step for c in got] == [0, 1, 2]
         assert got[0].metrics["steps_in_flight"] == 3.0  # 1 and 2 were done and waiting
         for done in got:
-            want, _ = explore_tasks(engine, plan[done.step], settings,
-                                    first_group_id=10 * done.step, step=done.step,
-                                    seed=100 + done.step, score=pool.score)
+            # the step barrier: the step alone in flight
+            want, _ = explore_step(engine, plan[done.step], settings,
+                                   first_group_id=10 * done.step, step=done.step,
+                                   seed=100 + done.step, pool=pool)
             for e in [*want, *done.experiences]:
                 e.created = 0.0  # the time each was made: all else must be equal
             assert done.experiences == want  # tokens, log-probs, rewards, ids

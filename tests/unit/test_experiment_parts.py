@@ -5,6 +5,7 @@ import sys
 
 import pytest
 import torch
+from helpers.explore import explore_step
 
 from rft_hpc.batch.logprobs import token_logprobs
 from rft_hpc.batch.tokens import collate
@@ -13,7 +14,7 @@ from rft_hpc.config.pipeline import ShuffleSelector
 from rft_hpc.core.errors import UserError
 from rft_hpc.engines.hf import HFEngine
 from rft_hpc.explorer.role import required_version
-from rft_hpc.explorer.workflow import SamplingSettings, explore_tasks
+from rft_hpc.explorer.workflow import SamplingSettings
 from rft_hpc.pipeline.stream import MixedTaskStream, TaskSet
 from rft_hpc.run.stages import create_run
 from rft_hpc.tasks.arithmetic import arithmetic_tasks
@@ -106,7 +107,7 @@ def test_rollout_logprobs_are_what_the_trainer_recomputes(tiny_model):
     engine = HFEngine(tiny_model)
     tasks = [Task(f"t{i}", f"{10 + i}+{20 + i}=", str(30 + 2 * i)) for i in range(3)]
     for temperature in (1.0, 0.7):
-        experiences, metrics = explore_tasks(
+        experiences, metrics = explore_step(
             engine, tasks, SamplingSettings(repeat=4, max_new_tokens=6, temperature=temperature),
             first_group_id=10, step=0, seed=5)
         assert len(experiences) == 12 and metrics["reward_mean"] >= 0

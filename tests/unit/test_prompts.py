@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 import torch
 from helpers.chat_models import chat_model, end_of_turn_id
+from helpers.explore import explore_step
 from pydantic import ValidationError
 
 from rft_hpc.batch.logprobs import token_logprobs
@@ -16,7 +17,7 @@ from rft_hpc.buffer.offline import task_records
 from rft_hpc.config.prompt import PromptConfig
 from rft_hpc.core.errors import UserError
 from rft_hpc.engines.hf import HFEngine
-from rft_hpc.explorer.workflow import SamplingSettings, explore_tasks
+from rft_hpc.explorer.workflow import SamplingSettings
 from rft_hpc.tasks.prompts import chat_messages, model_stop_ids, prompt_ids
 from rft_hpc.tasks.task import Task
 
@@ -100,7 +101,7 @@ def test_trainer_logprobs_equal_the_engines_on_chat_rollouts(family):
     engine = HFEngine(family, prompt=CHAT)
     tasks = list(TASKS)
     settings = SamplingSettings(repeat=4, max_new_tokens=24, temperature=0.8)
-    experiences, _ = explore_tasks(engine, tasks, settings, first_group_id=0, step=1, seed=3)
+    experiences, _ = explore_step(engine, tasks, settings, first_group_id=0, step=1, seed=3)
     tok = engine.tokenizer
     for task, exp in zip([t for t in tasks for _ in range(4)], experiences, strict=True):
         templated = tok.apply_chat_template(chat_messages(task, CHAT), tokenize=True,

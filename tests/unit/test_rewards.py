@@ -15,7 +15,6 @@ from rft_hpc.explorer.workflow import RewardFailures
 from rft_hpc.tasks.format_reward import think_answer_format
 from rft_hpc.tasks.math_reward import math_verify, reference_text
 from rft_hpc.tasks.preflight import PREFLIGHT_CHECKS
-from rft_hpc.tasks.reward_pool import score_inline
 from rft_hpc.tasks.rewards import call_reward
 from rft_hpc.tasks.source import build_tasks
 from rft_hpc.tasks.task import Task
@@ -160,17 +159,6 @@ def test_rows_that_name_their_own_reward_are_checked(tmp_path):
         load_config(config, checks=PREFLIGHT_CHECKS)
     assert f"{config}:1: tasks.path: task b names a reward that fails: reward function " \
            "'gone_xyz:f' cannot be imported" in str(info.value)
-
-
-def test_score_inline_scores_a_failing_call_zero_and_says_why(tmp_path, monkeypatch):
-    write_module(tmp_path, monkeypatch, "picky_reward",
-                 "def score(task, response):\n    if task.task_id == 'b':\n"
-                 "        raise KeyError('b')\n    return 'yes' if response == 's' else 1\n")
-    tasks = [Task(i, "", "", reward="picky_reward:score") for i in "ab"]
-    first, second, third = score_inline([(tasks[0], "x"), (tasks[1], "x"), (tasks[0], "s")])
-    assert (first.score, first.failed) == (1.0, False)
-    assert (second.score, second.error) == (0.0, "KeyError: 'b'")
-    assert third.failed and "returned str 'yes', not a number" in third.error
 
 
 def test_the_failure_limit_counts_all_calls_since_the_start():

@@ -48,15 +48,19 @@ def sampled_vs_trainer(engine, model, device, temperature, seed):
     """Max |rollout log-prob - trainer's token_logprobs| over sampled tokens; tokens/s."""
     from rft_hpc.batch.logprobs import token_logprobs
     from rft_hpc.batch.tokens import collate
-    from rft_hpc.explorer.workflow import SamplingSettings, explore_tasks
+    from rft_hpc.explorer.workflow import completion_to_experience
     from rft_hpc.tasks.task import Task
 
     tasks = [Task(f"t{i}", p, "0") for i, p in enumerate(TASK_PROMPTS)]
+    prompts = [engine.prompt_ids(t) for t in tasks]
     t0 = time.perf_counter()
-    experiences, _ = explore_tasks(
-        engine, tasks, SamplingSettings(repeat=8, max_new_tokens=16, temperature=temperature),
-        first_group_id=0, step=0, seed=seed)
+    groups = engine.generate(prompts, n=8, max_new_tokens=16, temperature=temperature,
+                             seed=seed)
     seconds = time.perf_counter() - t0
+    experiences = [completion_to_experience(t, p, c, reward=0.0, group_id=j, version=0,
+                                            step=0)
+                   for j, (t, p, g) in enumerate(zip(tasks, prompts, groups, strict=True))
+                   for c in g]
     batch = collate(experiences, pad_id=engine.pad_id)
     with torch.no_grad():
         recomputed = token_logprobs(model, batch.to(device), temperature).cpu()
