@@ -20,6 +20,7 @@ from helpers.paths import ROOT
 from helpers.ranks import (
     finish,
     fixed_batch,
+    grpo_shards,
     rank_env,
     sft_stage,
     start_ranks,
@@ -34,7 +35,6 @@ from rft_hpc.trainer.distributed import (
     Launch,
     launch_from_env,
     loss_tokens,
-    shard_batch,
 )
 
 # -- one step on a fixed batch ---------------------------------------------------------------
@@ -107,15 +107,15 @@ def test_one_step_on_two_ranks_matches_one_process(tmp_path, tiny_model, algorit
 
 def test_shards_cover_the_batch_with_whole_batch_advantages():
     batch = fixed_batch("grpo")
-    shards = shard_batch(batch, 3, advantages=True)
+    shards = grpo_shards(batch, 3)
     assert [len(s.records) for s in shards] == [2, 3, 3]
     assert [r for s in shards for r in s.records] == batch.records
     adv = torch.cat([s.advantages for s in shards])
-    alone = shard_batch(batch, 1, advantages=True)[0].advantages
+    alone = grpo_shards(batch, 1)[0].advantages
     assert torch.equal(adv, alone) and adv[7] != 0  # group 9 spans two shards
     assert {s.num_tokens for s in shards} == {loss_tokens(batch.records)}
     tiny = Batch(records=batch.records[:1], weights=[1.0], uses=[0])
-    assert [len(s.records) for s in shard_batch(tiny, 2, advantages=True)] == [0, 1]
+    assert [len(s.records) for s in grpo_shards(tiny, 2)] == [0, 1]
 
 
 # -- the whole role ------------------------------------------------------------------------
