@@ -133,15 +133,15 @@ class TrainerLoop:
         self.waiting_since: float | None = None  # when the current wait for data began
         self.exhausted = False  # no more data will come
         self.weights_gathered = 0  # times the full weights were taken (sharded: gathered)
-        self._weights: tuple[int, dict[str, torch.Tensor]] | None = None
-        self.started, self.start_step = time.time(), self.step  # again after the step-0 eval
+        self._weights: tuple[int, dict[str, torch.Tensor]] | None = None  # (step, taken)
+        self.started, self.start_step = time.time(), self.step
 
     def run(self) -> int:
         """Train to `trainer.steps`, until the data ends or until stopped; returns the steps
         done. Raises `RequeueRequested` when stopped for a requeue or the walltime."""
         try:
             self.evaluate_start()
-            self.started = time.time()
+            self.started = time.time()  # the heartbeat's rate: training, not the step-0 eval
             log.info("starting at step %d of %d", self.step, self.steps)
             while self.step < self.steps and not self.stop:
                 at_step(self.step + 1)
