@@ -27,7 +27,7 @@ from rft_hpc.config.tasks import ArithmeticTasks, JsonlTasks
 from rft_hpc.core.errors import UserError
 from rft_hpc.core.rundir import RunDir, atomic_write_json, read_json
 from rft_hpc.engines.protocol import InferenceEngine
-from rft_hpc.eval.bench_score import score_tasks
+from rft_hpc.eval.scoring import score_tasks
 from rft_hpc.runtime.logs import at_step, setup_logging, step_line
 from rft_hpc.tasks.arithmetic import arithmetic_tasks
 from rft_hpc.tasks.source import build_tasks

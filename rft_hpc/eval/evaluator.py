@@ -17,8 +17,8 @@ from typing import Any
 from rft_hpc.core.errors import UserError
 from rft_hpc.core.rundir import RunDir, atomic_write_json, read_json
 from rft_hpc.engines import build_engine
-from rft_hpc.eval.accuracy import heldout_scores
 from rft_hpc.eval.results import EVAL_RESULT_VERSION, result_path
+from rft_hpc.eval.scoring import heldout_scores
 from rft_hpc.runtime.common import load_stage, set_threads, write_heartbeat
 from rft_hpc.runtime.logs import at_step, setup_logging, step_line
 from rft_hpc.sync.checkpoint import load_start_weights, load_weights

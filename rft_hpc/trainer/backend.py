@@ -17,7 +17,7 @@ docs/trainer.md says how to add one.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from typing import Any, Protocol
 
 import torch
@@ -100,10 +100,6 @@ class TrainerBackend(Protocol):
     def restore_parts(self, optimizer: torch.optim.Optimizer) -> tuple[Any, Any]:
         """(model, optimizer) as `load_trainer_state` takes them: their `load_state_dict`
         takes a full state and keeps this rank's part (every rank loads together)."""
-
-    def eval_engine(self, weights: Mapping[str, torch.Tensor] | None) -> HFEngine:
-        """An engine on a whole replica holding the current weights, for rank 0's
-        evaluation; when `sharded` with the gathered `weights` (`full_state`) loaded."""
 
 
 BACKENDS: dict[str, Callable[[ExperimentConfig, DistContext], TrainerBackend]] = {

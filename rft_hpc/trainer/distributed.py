@@ -40,7 +40,6 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from rft_hpc.algorithms.advantages import grpo_advantages
 from rft_hpc.algorithms.aggregation import LossNorm
 from rft_hpc.buffer.reader import Batch
 from rft_hpc.buffer.records import Record
@@ -328,29 +327,22 @@ def loss_tokens(records: Sequence[Record]) -> int:
     return sum(int(r.response_mask[1:].sum()) for r in records)
 
 
-def shard_batch(batch: Batch, world_size: int, *, advantages: bool | torch.Tensor,
+def shard_batch(batch: Batch, world_size: int, *, advantages: torch.Tensor | None,
                 rows: dict[str, torch.Tensor] | None = None, rows_per_record: int = 1,
                 num_tokens: int | None = None, norm: LossNorm | None = None,
                 expert_norm: LossNorm | None = None,
                 metrics: dict[str, float] | None = None) -> list[Shard]:
     """Split `batch` into `world_size` contiguous shards of (nearly) equal record counts.
 
-    `advantages`: True computes GRPO advantages here over the whole batch, as a single
-    process would; a tensor gives them, one row per collated row (`rows_per_record` rows per
-    record: 2 for DPO pairs). They and the tensors of `rows` are sliced with the records; a
-    shard may be empty when the batch has fewer records than there are ranks.
+    `advantages`: the whole batch's, one row per collated row (`rows_per_record` rows per
+    record: 2 for DPO pairs), or None (SFT, DPO). They and the tensors of `rows` are sliced
+    with the records; a shard may be empty when the batch has fewer records than there are
+    ranks.
     `num_tokens` defaults to `loss_tokens(batch.records)`.
     """
     records = batch.records
     n = len(records)
-    adv = None
-    if isinstance(advantages, torch.Tensor):
-        adv = advantages
-    elif advantages:
-        rewards = torch.tensor([r.reward for r in records], dtype=torch.float32)
-        groups = torch.tensor([r.group_id for r in records], dtype=torch.long)
-        adv = grpo_advantages(rewards, groups)
-        adv = adv * torch.tensor(batch.weights, dtype=adv.dtype)
+    adv = advantages
     total = loss_tokens(records) if num_tokens is None else num_tokens
     bounds = [n * i // world_size for i in range(world_size + 1)]
     k = rows_per_record

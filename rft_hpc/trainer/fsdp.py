@@ -19,7 +19,6 @@ sharded policy with its adapter off, so its forward is a collective too.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from typing import Any
 
 import torch
@@ -34,11 +33,10 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 
 from rft_hpc.config import ExperimentConfig
-from rft_hpc.engines.hf import HFEngine
 from rft_hpc.models.lora import adapter_state
 from rft_hpc.trainer.distributed import DistContext
 from rft_hpc.trainer.optim_state import to_named
-from rft_hpc.trainer.torch_backend import TorchBackend, replica_with
+from rft_hpc.trainer.torch_backend import TorchBackend
 
 _FULL = StateDictOptions(full_state_dict=True, cpu_offload=True)
 _TRAINABLE = StateDictOptions(full_state_dict=True, cpu_offload=True, ignore_frozen_params=True)
@@ -134,7 +132,6 @@ class FSDPBackend(TorchBackend):
     def __init__(self, config: ExperimentConfig, dist: DistContext) -> None:
         super().__init__(config, dist)
         self.rank0_forward = False  # a forward is a collective of every rank
-        self._eval: HFEngine | None = None
 
     def distribute(self) -> None:
         """Shard the policy in place (its compute dtype as FSDP2's mixed precision)."""
@@ -167,8 +164,3 @@ class FSDPBackend(TorchBackend):
     def restore_parts(self, optimizer: torch.optim.Optimizer) -> tuple[Any, Any]:
         """`FullState` views that load a full state into this rank's shards."""
         return FullState(self.model, None, strict=not self.lora), FullState(self.model, optimizer)
-
-    def eval_engine(self, weights: Mapping[str, torch.Tensor] | None) -> HFEngine:
-        """Rank 0's whole replica (built at the first call) with `weights` loaded."""
-        self._eval = replica_with(self._eval, self.config, self.device, weights)
-        return self._eval

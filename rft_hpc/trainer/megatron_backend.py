@@ -30,7 +30,6 @@ in the reward at TP > 1 (rank 0 would run the sharded reference alone).
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
 from typing import Any
 
 import torch
@@ -44,7 +43,7 @@ from rft_hpc.trainer.algorithm import AlgorithmPlan
 from rft_hpc.trainer.distributed import DistContext, all_reduce_gradients
 from rft_hpc.trainer.fsdp import FullState
 from rft_hpc.trainer.lora import lora_unsupported
-from rft_hpc.trainer.torch_backend import idle_pass, replica_with
+from rft_hpc.trainer.torch_backend import idle_pass
 
 _MOMENTS = ("exp_avg", "exp_avg_sq")
 
@@ -197,8 +196,8 @@ class MegatronState(FullState):
 
 
 class MegatronBackend:
-    """This rank's `MegatronPolicy` (see the module doc); only rank 0 keeps the HF model
-    (on its device, to evaluate), the others drop it once they have built their shard."""
+    """This rank's `MegatronPolicy` (see the module doc); every rank drops the HF model
+    once it has built its shard."""
 
     name = "megatron"
     sharded = True
@@ -211,23 +210,19 @@ class MegatronBackend:
         self.compute_dtype: torch.dtype = model_dtype(config.model.dtype, self.device)
         self.model_parallel = config.trainer.megatron.tensor_parallel
         self.rank0_forward = not ctx.distributed or self.model_parallel == 1
-        self._eval: HFEngine | None = None
 
     def place(self, hf_model: torch.nn.Module) -> None:
-        """Only rank 0 moves the HF model to its device (its evaluation replica)."""
-        if self.device.type != "cpu" and self.dist.is_main:
-            hf_model.to(self.device)
+        """Nothing: the HF model stays on the CPU until `build` converts it into the
+        shard on this rank's device."""
 
     def build(self, engine: HFEngine, reference: bool) -> torch.nn.Module | None:
         """Every rank converts the same HF model into its shard (no broadcast); the
-        reference is a second, frozen shard. Ranks other than 0 drop the HF model."""
+        reference is a second, frozen shard. Every rank then drops the HF model."""
         hf_model = engine.model
         self.model = self._policy(hf_model)
-        self._eval = engine if self.dist.is_main else None
         self.model.train()
         ref = self._policy(hf_model, frozen=True) if reference else None
-        if not self.dist.is_main:
-            engine.model = None  # its shard is all a rank trains; rank 0 alone evaluates
+        engine.model = None  # its shard is all a rank trains (evaluation has its own model)
         return ref
 
     def _policy(self, hf_model: torch.nn.Module, frozen: bool = False) -> Any:
@@ -289,8 +284,3 @@ class MegatronBackend:
                       ) -> tuple[MegatronState, MegatronState]:
         """Views that load a full state into this rank's shards."""
         return MegatronState(self.model, None), MegatronState(self.model, optimizer)
-
-    def eval_engine(self, weights: Mapping[str, torch.Tensor] | None) -> HFEngine:
-        """Rank 0's HF model (kept from `build`) with the gathered `weights` loaded."""
-        self._eval = replica_with(self._eval, self.config, self.device, weights)
-        return self._eval

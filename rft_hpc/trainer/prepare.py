@@ -95,7 +95,7 @@ class BatchPreparer:
         mask = tb.loss_mask
         num_tokens = int(mask.sum())
         if not plan.is_rl:
-            return shard_batch(batch, world_size, advantages=False, num_tokens=num_tokens,
+            return shard_batch(batch, world_size, advantages=None, num_tokens=num_tokens,
                                rows_per_record=2 if tb.input_ids.shape[0] > len(records) else 1,
                                norm=LossNorm.of(mask))
         expert = expert_rows(records) if plan.type == "mix" else torch.zeros(len(records),

@@ -14,16 +14,14 @@ from __future__ import annotations
 
 import contextlib
 import copy
-from collections.abc import Mapping
 from typing import Any
 
 import torch
 
 from rft_hpc.config import ExperimentConfig
 from rft_hpc.core.errors import UserError
-from rft_hpc.engines.hf import HFEngine, load_policy
+from rft_hpc.engines.hf import HFEngine
 from rft_hpc.models.lora import adapter_state
-from rft_hpc.sync.checkpoint import load_start_weights
 from rft_hpc.trainer.distributed import DistContext, all_reduce_gradients, broadcast_parameters
 from rft_hpc.trainer.lora import AdapterCheckpoint, AdapterOff, lora_unsupported
 from rft_hpc.trainer.optim_state import NamedOptimizer
@@ -42,7 +40,6 @@ class TorchBackend:
         self.device = dist.device
         self.compute_dtype = compute_dtype(config.trainer.dtype, self.device)
         self.rank0_forward = True
-        self.engine: HFEngine | None = None
         self.lora = config.model.lora is not None
         """Train a LoRA adapter on the frozen model (`model.lora`)."""
         self.shared_reference: torch.nn.Module | None = None
@@ -60,7 +57,6 @@ class TorchBackend:
     def build(self, engine: HFEngine, reference: bool) -> torch.nn.Module | None:
         """Train `engine.model` itself, with rank 0's weights; the reference is a copy, or
         with `model.lora` the model with a fresh adapter, the reference the adapter off."""
-        self.engine = engine
         if self.lora:
             engine.enable_lora(self.config.run.seed)
         model = engine.model
@@ -119,11 +115,6 @@ class TorchBackend:
         saved by either torch backend on any number of ranks."""
         return self.checkpoint_parts(optimizer)
 
-    def eval_engine(self, weights: Mapping[str, torch.Tensor] | None) -> HFEngine:
-        """The engine on the trained replica itself (`weights` are not needed)."""
-        assert self.engine is not None, "build the backend first"
-        return self.engine
-
 
 def compute_dtype(setting: str, device: torch.device) -> torch.dtype:
     """The dtype `trainer.dtype` means on `device` (auto: bfloat16 on GPUs, else float32)."""
@@ -152,28 +143,3 @@ def idle_pass(model: torch.nn.Module, device: torch.device, token: int,
         with torch.no_grad():
             reference(input_ids=ids, attention_mask=mask, use_cache=False)
     (logits.float().sum() * 0.0).backward()
-
-
-def whole_replica(config: ExperimentConfig, device: torch.device) -> HFEngine:
-    """An engine on a whole HF replica of the configured model on `device` (eval mode):
-    where a sharded backend's rank 0 loads gathered weights to evaluate them. With
-    `model.lora` the replica holds the stage's start weights and an adapter to load into."""
-    tokenizer, model = load_policy(config.model.path, config.model.dtype)
-    engine = HFEngine(model=model.to(device).eval(), tokenizer=tokenizer, device=str(device),
-                      prompt=config.prompt, lora=config.model.lora)
-    if config.model.lora is not None:
-        load_start_weights(engine, config)
-        engine.enable_lora()
-        engine.model.eval()
-    return engine
-
-
-def replica_with(engine: HFEngine | None, config: ExperimentConfig, device: torch.device,
-                 weights: Mapping[str, torch.Tensor] | None) -> HFEngine:
-    """`engine` (a `whole_replica` built now when None) with the gathered `weights` loaded:
-    how a sharded backend's rank 0 evaluates."""
-    if engine is None:
-        engine = whole_replica(config, device)
-    assert weights is not None, "a sharded backend evaluates gathered weights"
-    engine.load_weights(weights, engine.version)
-    return engine

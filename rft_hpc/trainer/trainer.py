@@ -36,7 +36,6 @@ from rft_hpc.batch.logprobs import target_logprobs
 from rft_hpc.buffer.reader import Batch
 from rft_hpc.config import ExperimentConfig
 from rft_hpc.engines.hf import HFEngine, load_policy
-from rft_hpc.eval.accuracy import heldout_scores
 from rft_hpc.sync.checkpoint import load_start_weights
 from rft_hpc.trainer.algorithm import AlgorithmPlan
 from rft_hpc.trainer.backend import build_backend
@@ -306,19 +305,3 @@ class Trainer:
     def _most(self, n: int) -> int:
         """The largest `n` over the ranks."""
         return max(all_gather_objects(n, self.dist))
-
-    def evaluate(self, tasks: list[Any], weights: dict[str, torch.Tensor] | None = None,
-                 answers: list[dict[str, Any]] | None = None) -> dict[str, float]:
-        """Held-out scores of the current weights on `tasks` by each task's own reward
-        (`eval.heldout_scores`: `eval_accuracy`, `eval_reward`, with `eval.k` also
-        `eval_mean@k`, `eval_pass@k`). When `sharded` pass the gathered `weights`
-        (`full_state_dict`, on rank 0): they are scored on a whole replica that rank 0
-        keeps for evaluation. Each task's greedy answer and reward go into `answers` when
-        given."""
-        if self.sharded and weights is None:
-            raise ValueError("a sharded trainer scores gathered weights: pass weights")
-        engine = self.backend.eval_engine(weights)
-        return heldout_scores(engine, tasks, self.config.eval,
-                              temperature=self.config.explorer.temperature,
-                              seed=self.config.run.seed, answers=answers)
-

@@ -16,7 +16,7 @@ from helpers.slurm_cluster import wait_for_states
 
 from rft_hpc.config import load_config
 from rft_hpc.engines.hf import load_policy
-from rft_hpc.eval.bench_score import pass_at_k, summarize
+from rft_hpc.eval.scoring import pass_at_k, summarize
 from rft_hpc.run.stages import create_run
 from rft_hpc.sync.checkpoint import publish_weights
 from rft_hpc.trainer.checkpoint import save_trainer_state

@@ -14,7 +14,7 @@ import torch
 from rft_hpc.config import load_config
 from rft_hpc.core.rundir import RunDir, read_jsonl
 from rft_hpc.engines.hf import HFEngine
-from rft_hpc.eval.bench_score import score_tasks
+from rft_hpc.eval.scoring import score_tasks
 from rft_hpc.monitor.metrics import read_metrics
 from rft_hpc.sync.checkpoint import load_weights
 from rft_hpc.tasks.source import build_tasks

@@ -9,12 +9,14 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import torch
 import yaml
 
 from helpers.paths import ROOT, pythonpath
+from rft_hpc.algorithms.advantages import grpo_advantages
 from rft_hpc.buffer.reader import Batch
 from rft_hpc.buffer.records import Experience, SFTSample
-from rft_hpc.trainer.distributed import ENV_BACKEND, ENV_INIT_FILE
+from rft_hpc.trainer.distributed import ENV_BACKEND, ENV_INIT_FILE, Shard, shard_batch
 
 DIST_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", ENV_INIT_FILE,
              "SLURM_PROCID", "SLURM_NTASKS", "SLURM_STEP_NUM_TASKS", "SLURM_LOCALID",
@@ -79,6 +81,15 @@ def fixed_batch(algorithm: str) -> Batch:
                                   logprobs=None if i == 5 else logprobs))  # 5: imported
     weights = [1.0] * 7 + [0.5]
     return Batch(records=records, weights=weights, uses=[0] * 8)
+
+
+def grpo_shards(batch: Batch, world_size: int) -> list[Shard]:
+    """`batch` in `world_size` shards with GRPO advantages computed over the whole batch,
+    as a single process computes them, times each record's sample weight."""
+    rewards = torch.tensor([r.reward for r in batch.records], dtype=torch.float32)
+    groups = torch.tensor([r.group_id for r in batch.records], dtype=torch.long)
+    advantages = grpo_advantages(rewards, groups) * torch.tensor(batch.weights)
+    return shard_batch(batch, world_size, advantages=advantages)
 
 
 def sft_stage(tmp_path: Path, model: Path, name: str, lora: dict | None = None,

@@ -20,6 +20,7 @@ from helpers.paths import ROOT
 from helpers.ranks import (
     finish,
     fixed_batch,
+    grpo_shards,
     rank_env,
     sft_stage,
     start_ranks,
@@ -34,7 +35,6 @@ from rft_hpc.trainer.distributed import (
     Launch,
     launch_from_env,
     loss_tokens,
-    shard_batch,
 )
 
 # -- one step on a fixed batch ---------------------------------------------------------------
@@ -107,15 +107,15 @@ def test_one_step_on_two_ranks_matches_one_process(tmp_path, tiny_model, algorit
 
 def test_shards_cover_the_batch_with_whole_batch_advantages():
     batch = fixed_batch("grpo")
-    shards = shard_batch(batch, 3, advantages=True)
+    shards = grpo_shards(batch, 3)
     assert [len(s.records) for s in shards] == [2, 3, 3]
     assert [r for s in shards for r in s.records] == batch.records
     adv = torch.cat([s.advantages for s in shards])
-    alone = shard_batch(batch, 1, advantages=True)[0].advantages
+    alone = grpo_shards(batch, 1)[0].advantages
     assert torch.equal(adv, alone) and adv[7] != 0  # group 9 spans two shards
     assert {s.num_tokens for s in shards} == {loss_tokens(batch.records)}
     tiny = Batch(records=batch.records[:1], weights=[1.0], uses=[0])
-    assert [len(s.records) for s in shard_batch(tiny, 2, advantages=True)] == [0, 1]
+    assert [len(s.records) for s in grpo_shards(tiny, 2)] == [0, 1]
 
 
 # -- the whole role ------------------------------------------------------------------------
@@ -257,6 +257,54 @@ def test_followers_outwait_the_timeout_while_rank_0_waits_for_data(tmp_path, tin
     assert all(rc == 0 for rc, _ in results), [err[-3000:] for _, err in results]
     heartbeat = json.loads((stage / "state" / "trainer.json").read_text())
     assert heartbeat["status"] == "done" and heartbeat["step"] == 0
+
+
+def wait_for_file(path: Path, procs: list[subprocess.Popen], timeout: float = 120) -> None:
+    deadline = time.monotonic() + timeout
+    while not path.exists():
+        if time.monotonic() > deadline or any(p.poll() is not None for p in procs):
+            for p in procs:
+                p.kill()
+            pytest.fail(f"{path.name} never appeared: {[e[-2000:] for _, e in finish(procs)]}")
+        time.sleep(0.05)
+
+
+def test_an_idle_sharded_trainer_gathers_once_per_version(tmp_path, tiny_model):
+    """Two FSDP ranks waiting for data past `sync.idle_publish` write each new version as
+    files once: one gather of the whole model per version, not one per poll of the buffer
+    (about 20 polls a second here)."""
+    from rft_hpc.buffer.writer import SegmentWriter
+    from rft_hpc.config import load_config
+    from rft_hpc.monitor.metrics import read_metrics
+    from rft_hpc.run.stages import prepare_model, prepare_stage
+    from rft_hpc.sync.checkpoint import latest_weights_version
+
+    path = write_config(tmp_path / "idle.yaml", tiny_model, mode="both",
+                        trainer={"batch_size": 4, "steps": 3, "save_interval": 100,
+                                 "parallel": "fsdp"},
+                        sync={"interval": 100, "idle_publish": 0.0},
+                        buffer={"poll_interval": 0.05},
+                        tasks={"type": "arithmetic", "digits": 1, "eval_size": 2},
+                        eval={"max_new_tokens": 2})
+    stage = tmp_path / "idle"
+    prepare_stage(prepare_model(load_config(path)), stage, None)
+    procs = start_ranks(trainer_command(stage), 2, stage / "state" / "dist-1")
+    writer = SegmentWriter(stage / "buffer", "explorer-0", "rl")
+    records = fixed_batch("grpo").records
+    for step in (0, 1):  # one trainer step each, then a wait on an empty buffer
+        writer.write_step(step, records[4 * step:4 * step + 4])
+        wait_for_file(stage / "weights" / f"v{step + 1:06d}" / "manifest.json", procs)
+        time.sleep(1.5)  # some 30 polls of the empty buffer, each past idle_publish
+    writer.close()
+    (stage / "state" / "explorer-0.json").write_text(json.dumps({"status": "done"}))
+    results = finish(procs, timeout=120)
+    assert all(rc == 0 for rc, _ in results), [err[-3000:] for _, err in results]
+    rows = read_metrics(stage / "metrics" / "trainer.jsonl")
+    assert [r["step"] for r in rows if "loss" in r] == [1, 2]
+    assert latest_weights_version(stage / "weights") == 2
+    # the evaluations at the start and the end, and v1 and v2 each written once while idle
+    # (the end finds v2 written already)
+    assert rows[-1]["weights_gathered"] == 4, [r.get("weights_gathered") for r in rows]
 
 
 def test_launch_from_the_environment(tmp_path):

@@ -8,8 +8,7 @@ from dataclasses import replace
 
 from rft_hpc.config.schema import EvalConfig
 from rft_hpc.engines.hf import HFEngine
-from rft_hpc.eval.accuracy import heldout_scores
-from rft_hpc.eval.bench_score import score_tasks
+from rft_hpc.eval.scoring import heldout_scores, score_tasks
 from rft_hpc.tasks.task import Task
 
 TASKS = [Task(f"t{i}", f"{10 + i}+{20 + i}=", str(30 + 2 * i)) for i in range(6)]

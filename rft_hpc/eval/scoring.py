@@ -1,5 +1,8 @@
 """Scores of one policy on one task set, by each task's own reward: greedy accuracy and
-reward, mean@k and pass@k.
+reward, mean@k and pass@k. `score_tasks` is the one scoring function: the trainer's
+held-out evaluation (`rft_hpc.eval.heldout`), the evaluator role and `rft-hpc eval`
+(`rft_hpc.eval.bench`) all score through it; `heldout_scores` names its results as the
+trainer's metrics (`eval_accuracy`, ...).
 
 A sample is correct when its reward is at least 1 (the full reward of the exact-match
 rewards; `exact_match_with_format` gives 0.1 to a wrong bare number, which is not correct).
@@ -13,6 +16,7 @@ from collections.abc import Sequence
 from math import comb
 from typing import Any
 
+from rft_hpc.config.schema import EvalConfig
 from rft_hpc.engines.protocol import InferenceEngine
 from rft_hpc.tasks.rewards import call_reward
 from rft_hpc.tasks.task import Task
@@ -89,3 +93,23 @@ def score_tasks(engine: InferenceEngine, tasks: Sequence[Task], *, k: int, n: in
             if n:
                 samples.append([score(task, c.text) for c in group])
     return {**summarize(greedy, samples, k), "reward_errors": errors[0]}
+
+
+def heldout_scores(engine: InferenceEngine, tasks: Sequence[Task], settings: EvalConfig, *,
+                   temperature: float, seed: int,
+                   answers: list[dict[str, Any]] | None = None) -> dict[str, float]:
+    """`score_tasks` with the eval settings, as the trainer's metrics: `eval_accuracy`
+    (greedy answers whose task reward is at least 1), `eval_reward` (their mean reward) and,
+    with `settings.k` samples per task at `temperature`, `eval_mean@k` and `eval_pass@k`;
+    `eval_reward_errors` counts reward calls that raised. Every value is NaN for no tasks.
+    Each task's greedy answer and its reward go into `answers` when given."""
+    keys = ["accuracy", "reward", "reward_errors"]
+    keys += [f"mean@{settings.k}", f"pass@{settings.k}"] if settings.k else []
+    if not tasks:
+        return {f"eval_{key}": float("nan") for key in keys}
+    scores = score_tasks(engine, tasks, k=settings.k, n=settings.k,
+                         temperature=temperature or 1.0,
+                         max_new_tokens=settings.max_new_tokens,
+                         batch_size=settings.batch_size, seed=seed, answers=answers)
+    scores.update(accuracy=scores["greedy_accuracy"], reward=scores["greedy_reward"])
+    return {f"eval_{key}": float(scores[key]) for key in keys}
