@@ -139,7 +139,7 @@ def is_temporary(name: str) -> bool:
 @dataclass(frozen=True)
 class RunDir:
     """Every path of one run (or stage) directory (docs/run-directory.md); the inner layout
-    of `weights/` and `ckpt/` belongs to their formats (`rft_hpc.sync.checkpoint`,
+    of `weights/` and `ckpt/` belongs to their formats (`rft_hpc.sync.weight_files`,
     `rft_hpc.trainer.checkpoint`). Creating the object touches nothing on disk."""
 
     root: Path

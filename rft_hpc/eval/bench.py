@@ -273,8 +273,8 @@ def load_checkpoint(checkpoint: Checkpoint, plan: dict[str, Any]) -> InferenceEn
     from rft_hpc.config.lora import LoraSettings
     from rft_hpc.config.prompt import PromptConfig
     from rft_hpc.models.lora import peft_names
-    from rft_hpc.sync.checkpoint import load_weights
     from rft_hpc.sync.storage import load_safetensors
+    from rft_hpc.sync.weight_files import load_weights
 
     prompt = PromptConfig(**plan.get("prompt", {}))
     # a LoRA run's versions and checkpoints are adapters over the model folder

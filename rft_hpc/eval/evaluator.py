@@ -21,7 +21,7 @@ from rft_hpc.eval.results import EVAL_RESULT_VERSION, result_path
 from rft_hpc.eval.scoring import heldout_scores
 from rft_hpc.runtime.common import load_stage, set_threads, write_heartbeat
 from rft_hpc.runtime.logs import at_step, setup_logging, step_line
-from rft_hpc.sync.checkpoint import load_start_weights, load_weights
+from rft_hpc.sync.weight_files import load_start_weights, load_weights
 from rft_hpc.tasks.source import build_tasks
 
 log = logging.getLogger(__name__)

@@ -20,7 +20,7 @@ from rft_hpc.config import ExperimentConfig
 from rft_hpc.core.rundir import write_jsonl
 from rft_hpc.engines.hf import HFEngine, load_policy
 from rft_hpc.eval.scoring import heldout_scores
-from rft_hpc.sync.checkpoint import load_start_weights
+from rft_hpc.sync.weight_files import load_start_weights
 from rft_hpc.tasks.source import build_tasks
 from rft_hpc.tasks.task import Task
 

@@ -4,7 +4,7 @@ workflow scores rollouts with.
 The explorer's loop (`explorer.role`) drives any `Workflow` the same way: it asks whether
 the workflow has room for another step, hands it a step's tasks (`StepTasks`) once the
 engine holds weights new enough for that step, advances it, and writes each step it hands
-back (`CompletedStep`), in step order. Single-turn streaming (`explorer.stream.StepStream`)
+back (`CompletedStep`), in step order. Single-turn streaming (`explorer.step_stream.StepStream`)
 and multi-turn with over-rollout (`explorer.overrollout.MultiTurnExplorer`) are its two
 implementations; agents with tool calls or rewards from models plug in as further ones,
 without a change to the loop.

@@ -5,7 +5,7 @@ restarted explorer redoes exactly the steps that were never committed. It submit
 once it holds weights of at least version `required_version(s)` (the sync rules).
 One loop (`ExplorerLoop.explore`) drives the workflow `explorer.workflow.type` names
 through the `explorer.protocols.Workflow` interface (`WORKFLOWS`). Single-turn steps stream
-(`explorer.stream`): up to `explorer.steps_in_flight` steps' requests in flight together, new
+(`explorer.step_stream`): up to `explorer.steps_in_flight` steps' requests in flight together, new
 weights taken between engine steps, each step written once its last group is scored; their
 rewards run in worker processes, each call within `explorer.reward_timeout`
 (`rft_hpc.tasks.reward_pool`). Multi-turn steps run one at a time (`explorer.overrollout`),
@@ -30,7 +30,7 @@ from rft_hpc.engines.protocol import StreamingEngine
 from rft_hpc.explorer.multiturn import TurnSettings
 from rft_hpc.explorer.overrollout import MultiTurnExplorer
 from rft_hpc.explorer.protocols import CompletedStep, StepTasks, Workflow
-from rft_hpc.explorer.stream import StepStream, steps_in_flight
+from rft_hpc.explorer.step_stream import StepStream, steps_in_flight
 from rft_hpc.explorer.workflow import RewardFailures, SamplingSettings
 from rft_hpc.ledger.log import LedgerWriter
 from rft_hpc.monitor.metrics import MetricsWriter
@@ -38,8 +38,8 @@ from rft_hpc.pipeline.explorer_side import ExplorerPipeline
 from rft_hpc.runtime.common import StopFlag, load_stage, set_threads, write_heartbeat
 from rft_hpc.runtime.lifecycle import JobClock
 from rft_hpc.runtime.logs import at_step, setup_logging, step_line
-from rft_hpc.sync.checkpoint import load_start_weights
 from rft_hpc.sync.follower import WeightFollower, build_receiver
+from rft_hpc.sync.weight_files import load_start_weights
 from rft_hpc.tasks.reward_pool import RewardPool
 
 log = logging.getLogger(__name__)

@@ -1,5 +1,5 @@
 """A single-turn step's scored groups as records (`scored_experiences`), and the count of
-failed reward calls (`RewardFailures`); `explorer.stream` samples and scores the groups.
+failed reward calls (`RewardFailures`); `explorer.step_stream` samples and scores the groups.
 
 A reward that raises or overruns its time limit scores its rollout 0: the record says why
 (`info["reward_failure"]`), the step's metrics count it (`reward_errors`,

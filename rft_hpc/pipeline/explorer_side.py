@@ -14,8 +14,8 @@ from rft_hpc.buffer.records import Experience
 from rft_hpc.config import ExperimentConfig
 from rft_hpc.core.rundir import RunDir
 from rft_hpc.pipeline.shaping import shape_rewards
-from rft_hpc.pipeline.stream import build_task_stream, task_sets
 from rft_hpc.pipeline.task_stats import TaskStats
+from rft_hpc.pipeline.task_stream import build_task_stream, task_sets
 from rft_hpc.tasks.task import Task
 
 RESERVE_GROUPS = 1 << 40

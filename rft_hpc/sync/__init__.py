@@ -1,6 +1,6 @@
 """Weight sync from trainer to explorers: files, gloo/NCCL, MPI (docs/weights-format.md)."""
 
-from rft_hpc.sync.checkpoint import (
+from rft_hpc.sync.weight_files import (
     WeightsError,
     WeightsGone,
     latest_weights_version,

@@ -19,8 +19,8 @@ from typing import Any
 
 import torch
 
-from rft_hpc.sync.checkpoint import publish_weights
 from rft_hpc.sync.delta import DeltaChain
+from rft_hpc.sync.weight_files import publish_weights
 
 
 class BackgroundWeightWriter:

@@ -35,19 +35,19 @@ from rft_hpc.models.lora import (
     load_adapter_state,
     merged_model,
 )
-from rft_hpc.sync.checkpoint import (
-    KIND_ADAPTER,
-    KIND_DELTA,
-    KIND_FULL,
-    load_weights,
-    read_manifest,
-)
 from rft_hpc.sync.storage import (
     commit_folder,
     dtype_name,
     make_temp_folder,
     numbered_folders,
     save_safetensors,
+)
+from rft_hpc.sync.weight_files import (
+    KIND_ADAPTER,
+    KIND_DELTA,
+    KIND_FULL,
+    load_weights,
+    read_manifest,
 )
 
 SHARD_BYTES = 5 << 30

@@ -15,10 +15,10 @@ from rft_hpc.core.rundir import RunDir
 from rft_hpc.core.watch import FolderWatch
 from rft_hpc.runtime.common import StopFlag, role_status
 from rft_hpc.runtime.lifecycle import JobClock
-from rft_hpc.sync.checkpoint import WeightsGone, latest_weights_version, load_weights
 from rft_hpc.sync.protocols import VersionSource, WeightSink
 from rft_hpc.sync.publisher import fabric_backend, sync_folder
 from rft_hpc.sync.storage import ReadBuffer
+from rft_hpc.sync.weight_files import WeightsGone, latest_weights_version, load_weights
 
 
 def build_receiver(config: ExperimentConfig, run: RunDir, index: int) -> VersionSource | None:

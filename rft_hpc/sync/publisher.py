@@ -1,6 +1,6 @@
 """The trainer's side of weight sync: every new version goes out by `sync.method`.
 
-`checkpoint` writes versioned files (sync/checkpoint.py), by default on a background thread
+`checkpoint` writes versioned files (sync/weight_files.py), by default on a background thread
 while the next step trains (sync/background.py, `sync.background`). `nccl` (gloo on CPUs) and `mpi`
 broadcast the weights to the explorers over the fabric (sync/collective.py, sync/mpi.py);
 with `model.lora` the weights are the adapter's tensors alone, on every path (the files add
@@ -30,10 +30,10 @@ from rft_hpc.core.rundir import RunDir
 from rft_hpc.models.lora import adapter_config
 from rft_hpc.runtime.common import role_status
 from rft_hpc.sync.background import BackgroundWeightWriter
-from rft_hpc.sync.checkpoint import latest_weights_version, publish_weights
 from rft_hpc.sync.delta import DeltaChain
 from rft_hpc.sync.fabric import SyncFailed
 from rft_hpc.sync.protocols import WeightSender
+from rft_hpc.sync.weight_files import latest_weights_version, publish_weights
 
 log = logging.getLogger(__name__)
 

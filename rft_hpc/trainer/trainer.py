@@ -36,7 +36,7 @@ from rft_hpc.batch.logprobs import target_logprobs
 from rft_hpc.buffer.reader import Batch
 from rft_hpc.config import ExperimentConfig
 from rft_hpc.engines.hf import HFEngine, load_policy
-from rft_hpc.sync.checkpoint import load_start_weights
+from rft_hpc.sync.weight_files import load_start_weights
 from rft_hpc.trainer.algorithm import AlgorithmPlan
 from rft_hpc.trainer.backend import build_backend
 from rft_hpc.trainer.distributed import (

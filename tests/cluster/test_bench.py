@@ -18,7 +18,7 @@ from rft_hpc.config import load_config
 from rft_hpc.engines.hf import load_policy
 from rft_hpc.eval.scoring import pass_at_k, summarize
 from rft_hpc.run.stages import create_run
-from rft_hpc.sync.checkpoint import publish_weights
+from rft_hpc.sync.weight_files import publish_weights
 from rft_hpc.trainer.checkpoint import save_trainer_state
 
 CHECKPOINTS = ["base", "sft-v000006", "grpo-v000002", "grpo-step-000004"]

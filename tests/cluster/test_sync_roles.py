@@ -51,7 +51,7 @@ def test_lora_adapters_travel_over_each_fabric_method(tmp_path: Path, tiny_model
                                                       method: str) -> None:
     """With `model.lora` each version on the fabric is the adapter's tensors alone; the
     explorers apply them through peft, and the final files are an adapter version."""
-    from rft_hpc.sync.checkpoint import read_manifest
+    from rft_hpc.sync.weight_files import read_manifest
 
     result = rft("run", DEMO, *short(tmp_path, tiny_model, "--set", "stages=[]",
                                      "--set", "trainer.steps=10", "--set", f"sync.method={method}",

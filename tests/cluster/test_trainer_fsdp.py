@@ -213,8 +213,8 @@ def test_fsdp_role_publishes_and_checkpoints_full_weights(tmp_path, tiny_model):
     gathers, rank 0 evaluates, publishes and checkpoints the full weights."""
     from rft_hpc.engines.hf import load_policy
     from rft_hpc.monitor.metrics import read_metrics
-    from rft_hpc.sync.checkpoint import load_weights
     from rft_hpc.sync.storage import load_safetensors
+    from rft_hpc.sync.weight_files import load_weights
 
     stage = sft_stage(tmp_path, tiny_model, "fsdp", steps=2, parallel="fsdp",
                       micro_batch_tokens=48)

@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from rft_hpc.buffer.records import Experience
 from rft_hpc.engines.protocol import StreamingEngine
 from rft_hpc.explorer.protocols import StepTasks
-from rft_hpc.explorer.stream import StepStream
+from rft_hpc.explorer.step_stream import StepStream
 from rft_hpc.explorer.workflow import SamplingSettings
 from rft_hpc.tasks.reward_pool import RewardPool
 from rft_hpc.tasks.task import Task

@@ -16,7 +16,7 @@ from rft_hpc.core.rundir import RunDir, read_jsonl
 from rft_hpc.engines.hf import HFEngine
 from rft_hpc.eval.scoring import score_tasks
 from rft_hpc.monitor.metrics import read_metrics
-from rft_hpc.sync.checkpoint import load_weights
+from rft_hpc.sync.weight_files import load_weights
 from rft_hpc.tasks.source import build_tasks
 from rft_hpc.tasks.task import Task
 

@@ -1,5 +1,5 @@
 """The task stream as it was before the data pipeline: the reference that the pipeline's
-default (a `shuffle` selector over one task set, `rft_hpc.pipeline.stream`) reproduces bit
+default (a `shuffle` selector over one task set, `rft_hpc.pipeline.task_stream`) reproduces bit
 for bit, so that a seeded run takes the same tasks as it always did.
 
 The stream is a sequence of seeded permutations of the training tasks (one per epoch).

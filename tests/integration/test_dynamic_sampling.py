@@ -1,4 +1,4 @@
-"""Dynamic sampling (pipeline.dynamic_sampling, explorer/stream.py): a group whose rewards
+"""Dynamic sampling (pipeline.dynamic_sampling, explorer/step_stream.py): a group whose rewards
 are all equal is replaced by a reserve task's group under the same weights; a step that
 runs out of reserve fills up with set-aside groups; a strictly on-policy run with it
 finishes, writes full steps on-policy, and its audit passes."""
@@ -12,7 +12,7 @@ from helpers.runs import rft, rollouts, short
 
 from rft_hpc.engines.hf import HFEngine
 from rft_hpc.explorer.protocols import StepTasks
-from rft_hpc.explorer.stream import StepStream
+from rft_hpc.explorer.step_stream import StepStream
 from rft_hpc.explorer.workflow import SamplingSettings
 from rft_hpc.monitor.metrics import read_metrics
 from rft_hpc.tasks.reward_pool import RewardPool

@@ -189,7 +189,7 @@ def test_a_run_interrupted_twice_ends_with_the_weights_of_an_uninterrupted_one(
     resumed = rft(*args("twice"), timeout=600)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
 
-    from rft_hpc.sync.checkpoint import load_weights
+    from rft_hpc.sync.weight_files import load_weights
 
     one = load_weights(tmp_path / "straight" / "stages" / "0-main" / "weights", 12)
     two = load_weights(stage / "weights", 12)

@@ -82,8 +82,8 @@ def test_fsdp_role_evaluates_publishes_and_checkpoints_the_adapter(tmp_path, tin
     """The trainer role on two FSDP ranks with `model.lora`: rank 0 evaluates the gathered
     adapter on a whole replica of its own, publishes it and checkpoints it."""
     from rft_hpc.monitor.metrics import read_metrics
-    from rft_hpc.sync.checkpoint import load_weights, read_manifest
     from rft_hpc.sync.storage import load_safetensors
+    from rft_hpc.sync.weight_files import load_weights, read_manifest
 
     stage = sft_stage(tmp_path, tiny_model, "fsdp-lora", lora=LORA, steps=2, parallel="fsdp",
                       lr=3e-2, micro_batch_tokens=48)

@@ -20,8 +20,8 @@ from helpers.slurm_runs import heartbeat, wait_until
 from rft_hpc.config import load_config
 from rft_hpc.core.rundir import RunDir, read_jsonl
 from rft_hpc.monitor.metrics import read_metrics
-from rft_hpc.sync.checkpoint import load_weights, read_manifest
 from rft_hpc.sync.storage import load_safetensors
+from rft_hpc.sync.weight_files import load_weights, read_manifest
 from rft_hpc.tasks.source import build_tasks
 
 STEPS = 8

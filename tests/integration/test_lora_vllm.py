@@ -14,8 +14,8 @@ from rft_hpc.buffer.records import SFTSample
 from rft_hpc.config import load_config
 from rft_hpc.config.schema import VLLMConfig
 from rft_hpc.core.rundir import RunDir
-from rft_hpc.sync.checkpoint import load_weights
 from rft_hpc.sync.publisher import WeightPublisher
+from rft_hpc.sync.weight_files import load_weights
 from rft_hpc.trainer.trainer import Trainer
 
 pytestmark = pytest.mark.needs_module("vllm")
@@ -118,7 +118,7 @@ def test_a_lora_run_with_vllm_explorers_samples_with_each_adapter(tmp_path, tiny
     from helpers.runs import rft, rollouts, short
 
     from rft_hpc.engines.hf import HFEngine
-    from rft_hpc.sync.checkpoint import latest_weights_version
+    from rft_hpc.sync.weight_files import latest_weights_version
 
     steps = 3
     result = rft("run", DEMO, *short(

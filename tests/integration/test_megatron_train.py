@@ -233,8 +233,8 @@ def test_role_on_two_tp_ranks_publishes_and_checkpoints_full_weights(tmp_path, t
     evaluates, publishes and checkpoints the full HF weights (and AdamW moments by HF name)."""
     from rft_hpc.engines.hf import load_policy
     from rft_hpc.monitor.metrics import read_metrics
-    from rft_hpc.sync.checkpoint import load_weights
     from rft_hpc.sync.storage import load_safetensors
+    from rft_hpc.sync.weight_files import load_weights
 
     stage = sft_stage(tmp_path, tiny_model, "tp2", steps=2, backend="megatron",
                       megatron={"tensor_parallel": 2})

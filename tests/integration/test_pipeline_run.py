@@ -18,7 +18,7 @@ from rft_hpc.buffer.jsonl import iter_segments
 from rft_hpc.buffer.segment import read_segment
 from rft_hpc.config.loader import load_config
 from rft_hpc.monitor.metrics import read_metrics
-from rft_hpc.pipeline.stream import build_task_stream
+from rft_hpc.pipeline.task_stream import build_task_stream
 
 PIPELINE = ROOT / "configs" / "pipeline.yaml"
 DEMO = ROOT / "configs" / "demo.yaml"

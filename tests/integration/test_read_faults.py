@@ -28,7 +28,7 @@ from rft_hpc.config.buffer import CompactConfig
 from rft_hpc.core.retry import PROCESS_COUNTERS, RetryPolicy
 from rft_hpc.ledger.log import LedgerWriter
 from rft_hpc.ledger.replay import read_events
-from rft_hpc.sync.checkpoint import load_weights, publish_weights
+from rft_hpc.sync.weight_files import load_weights, publish_weights
 
 RECORDS = 4
 
@@ -158,7 +158,7 @@ def test_weights_and_ledgers_are_read_through_an_eio(tmp_path: Path, faults) -> 
                  {"call": "open", "path": r"manifest\.json$", "nth": [1], "errno": "ESTALE"},
                  {"call": "open", "path": r"LATEST$", "nth": [1], "errno": "EAGAIN"},
                  {"call": "open", "path": r"trainer\.jsonl$", "nth": [1], "errno": "EIO"})
-    from rft_hpc.sync.checkpoint import latest_weights_version
+    from rft_hpc.sync.weight_files import latest_weights_version
 
     assert latest_weights_version(weights) == 1
     assert torch.equal(load_weights(weights, 1)["w"], state["w"])

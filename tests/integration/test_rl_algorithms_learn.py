@@ -86,7 +86,7 @@ def warm_model(demo_run: Path) -> Path:
     change, and so does the warm-up's accuracy: ~50 % here, ~70 % there.)"""
     from transformers import AutoModelForCausalLM
 
-    from rft_hpc.sync.checkpoint import load_weights
+    from rft_hpc.sync.weight_files import load_weights
 
     summary = json.loads((demo_run / "demo" / "summary.json").read_text())
     sft = summary["stages"][0]

@@ -1,4 +1,4 @@
-"""Streaming explorers (rft_hpc.explorer.stream): reward batches scored as they come, steps
+"""Streaming explorers (rft_hpc.explorer.step_stream): reward batches scored as they come, steps
 kept in flight together and committed in order, the same records as the step barrier, and
 an asynchronous demo run whose steps overlap and whose audit passes."""
 
@@ -11,7 +11,7 @@ from helpers.runs import rft, rollouts, short
 
 from rft_hpc.engines.hf import HFEngine
 from rft_hpc.explorer.protocols import StepTasks, Workflow
-from rft_hpc.explorer.stream import StepStream
+from rft_hpc.explorer.step_stream import StepStream
 from rft_hpc.explorer.workflow import SamplingSettings
 from rft_hpc.monitor.metrics import read_metrics
 from rft_hpc.tasks.reward_pool import RewardPool

@@ -122,7 +122,7 @@ def test_shards_cover_the_batch_with_whole_batch_advantages():
 
 def test_run_trainer_on_two_ranks(tmp_path, tiny_model):
     from rft_hpc.monitor.metrics import read_metrics
-    from rft_hpc.sync.checkpoint import latest_weights_version, load_weights
+    from rft_hpc.sync.weight_files import latest_weights_version, load_weights
 
     stage = sft_stage(tmp_path, tiny_model, "two")
     alone = sft_stage(tmp_path, tiny_model, "one")
@@ -277,7 +277,7 @@ def test_an_idle_sharded_trainer_gathers_once_per_version(tmp_path, tiny_model):
     from rft_hpc.config import load_config
     from rft_hpc.monitor.metrics import read_metrics
     from rft_hpc.run.stages import prepare_model, prepare_stage
-    from rft_hpc.sync.checkpoint import latest_weights_version
+    from rft_hpc.sync.weight_files import latest_weights_version
 
     path = write_config(tmp_path / "idle.yaml", tiny_model, mode="both",
                         trainer={"batch_size": 4, "steps": 3, "save_interval": 100,

@@ -17,8 +17,10 @@ import torch
 
 from rft_hpc.core.rundir import TEMP_PREFIX
 from rft_hpc.models.tiny import init_tiny_model
-from rft_hpc.sync import checkpoint as sync
-from rft_hpc.sync.checkpoint import (
+from rft_hpc.sync import weight_files as sync
+from rft_hpc.sync.crc import RunningCrc, crc32_combine
+from rft_hpc.sync.storage import load_safetensors, save_safetensors, wait_for_deletions
+from rft_hpc.sync.weight_files import (
     WeightsError,
     WeightsGone,
     latest_weights_version,
@@ -27,8 +29,6 @@ from rft_hpc.sync.checkpoint import (
     publish_weights,
     version_dir,
 )
-from rft_hpc.sync.crc import RunningCrc, crc32_combine
-from rft_hpc.sync.storage import load_safetensors, save_safetensors, wait_for_deletions
 
 # Shared with the publisher subprocess of the SIGKILL test: the weights of each version.
 STATE_CODE = textwrap.dedent("""
@@ -174,7 +174,7 @@ PUBLISHER = STATE_CODE + textwrap.dedent("""
     import os, signal, sys, time
     import torch
     torch.set_num_threads(1)
-    from rft_hpc.sync.checkpoint import publish_weights
+    from rft_hpc.sync.weight_files import publish_weights
 
     for line in sys.stdin:  # "<weights dir> <seconds before SIGKILL>"
         folder, delay = line.split()

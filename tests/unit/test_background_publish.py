@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from rft_hpc.sync.background import BackgroundWeightWriter
-from rft_hpc.sync.checkpoint import latest_weights_version, load_weights
+from rft_hpc.sync.weight_files import latest_weights_version, load_weights
 
 
 def test_each_version_holds_the_weights_of_its_publish_not_later_changes(tmp_path):

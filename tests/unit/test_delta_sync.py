@@ -12,16 +12,16 @@ import torch
 from rft_hpc.config import ExperimentConfig
 from rft_hpc.core.rundir import RunDir
 from rft_hpc.runtime.common import StopFlag
-from rft_hpc.sync.checkpoint import (
+from rft_hpc.sync.delta import DELTA_FILE, decode_into, encode
+from rft_hpc.sync.follower import WeightFollower
+from rft_hpc.sync.publisher import WeightPublisher
+from rft_hpc.sync.weight_files import (
     WeightsError,
     latest_weights_version,
     load_weights,
     read_manifest,
     version_dir,
 )
-from rft_hpc.sync.delta import DELTA_FILE, decode_into, encode
-from rft_hpc.sync.follower import WeightFollower
-from rft_hpc.sync.publisher import WeightPublisher
 
 K = 3  # sync.full_every
 
@@ -105,7 +105,7 @@ def test_delta_sync_ends_bit_identical_to_full_sync(tmp_path, dtype, caplog):
                 follower = WeightFollower(runs[K], Engine(), StopFlag())
             if version == 6:  # the held bits went bad: the delta's checksums find it
                 next(iter(follower.held[1].values())).view(torch.uint8)[0] ^= 1
-            with caplog.at_level(logging.WARNING, "rft_hpc.sync.checkpoint"):
+            with caplog.at_level(logging.WARNING, "rft_hpc.sync.weight_files"):
                 assert follower.refresh() == version
             full = load_weights(runs[1].weights, version)
             assert_bit_identical(follower.engine.state, full)

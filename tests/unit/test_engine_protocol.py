@@ -15,7 +15,7 @@ from rft_hpc.engines.vllm import VLLMEngine
 from rft_hpc.explorer.multiturn import SerialEngine, TurnSettings
 from rft_hpc.explorer.overrollout import MultiTurnExplorer
 from rft_hpc.explorer.protocols import Scorer, Workflow
-from rft_hpc.explorer.stream import StepStream
+from rft_hpc.explorer.step_stream import StepStream
 from rft_hpc.explorer.workflow import SamplingSettings
 from rft_hpc.tasks.reward_pool import RewardPool
 

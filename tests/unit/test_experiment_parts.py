@@ -15,7 +15,7 @@ from rft_hpc.core.errors import UserError
 from rft_hpc.engines.hf import HFEngine
 from rft_hpc.explorer.role import required_version
 from rft_hpc.explorer.workflow import SamplingSettings
-from rft_hpc.pipeline.stream import MixedTaskStream, TaskSet
+from rft_hpc.pipeline.task_stream import MixedTaskStream, TaskSet
 from rft_hpc.run.stages import create_run
 from rft_hpc.tasks.arithmetic import arithmetic_tasks
 from rft_hpc.tasks.rewards import resolve_reward

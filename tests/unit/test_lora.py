@@ -16,7 +16,7 @@ from rft_hpc.config import load_config
 from rft_hpc.config.errors import ConfigError
 from rft_hpc.core.errors import UserError
 from rft_hpc.engines.hf import HFEngine, load_policy
-from rft_hpc.sync.checkpoint import load_weights, publish_weights, read_manifest
+from rft_hpc.sync.weight_files import load_weights, publish_weights, read_manifest
 from rft_hpc.trainer.trainer import Trainer
 
 LORA = {"rank": 8, "alpha": 16, "target_modules": "all-linear"}

@@ -14,7 +14,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from rft_hpc.engines.hf import HFEngine, model_dtype
 from rft_hpc.models.tiny import TinyModelSpec, init_tiny_model
-from rft_hpc.sync.checkpoint import load_weights, publish_weights
+from rft_hpc.sync.weight_files import load_weights, publish_weights
 
 SPECS = {"llama-chat": TinyModelSpec(chat=True), "qwen2": TinyModelSpec(arch="qwen2"),
          "qwen3": TinyModelSpec(arch="qwen3"), "mistral": TinyModelSpec(arch="mistral")}

@@ -28,8 +28,8 @@ from rft_hpc.pipeline.explorer_side import ExplorerPipeline, pass_counts, taskse
 from rft_hpc.pipeline.filters import filter_batch
 from rft_hpc.pipeline.selectors import build_selector
 from rft_hpc.pipeline.shaping import shape_rewards
-from rft_hpc.pipeline.stream import MixedTaskStream, TaskSet, build_task_stream, round_pattern
 from rft_hpc.pipeline.task_stats import TaskStats
+from rft_hpc.pipeline.task_stream import MixedTaskStream, TaskSet, build_task_stream, round_pattern
 from rft_hpc.tasks.arithmetic import difficulty
 from rft_hpc.tasks.source import build_tasks
 from rft_hpc.tasks.task import Task

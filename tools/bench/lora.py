@@ -63,8 +63,8 @@ def worker(mode: str, model: Path, folder: Path, steps: int, threads: int) -> di
     from rft_hpc.config import load_config
     from rft_hpc.core.rundir import RunDir
     from rft_hpc.engines.hf import HFEngine
-    from rft_hpc.sync.checkpoint import load_weights, version_dir
     from rft_hpc.sync.publisher import WeightPublisher
+    from rft_hpc.sync.weight_files import load_weights, version_dir
     from rft_hpc.trainer.trainer import Trainer
 
     torch.set_num_threads(threads)

@@ -12,7 +12,7 @@ and `--receivers` receivers (separate processes on this host):
    LLM-like sizes, small ones included), timed on the sender until every receiver agreed;
 2. mpi (mpiexec, PyPI MPICH): one `Bcast` of one buffer (raw), then `MpiSender.send`;
 3. disk: `dd` with fdatasync of the same bytes into DIR, then `publish_weights` +
-   `load_weights` (rft_hpc/sync/checkpoint.py) of the state dict (the previous version's
+   `load_weights` (rft_hpc/sync/weight_files.py) of the state dict (the previous version's
    files are deleted on publish's deletion thread, waited for outside the timed parts).
 
 It prints seconds per GB and each ratio, with the targets: gloo and mpi >= 0.8 of raw,
@@ -176,8 +176,8 @@ def bench_mpi(nbytes: int, receivers: int, repeat: int) -> dict:
 
 
 def bench_disk(folder: Path, nbytes: int, repeat: int) -> dict:
-    from rft_hpc.sync.checkpoint import load_weights, publish_weights
     from rft_hpc.sync.storage import ReadBuffer, wait_for_deletions
+    from rft_hpc.sync.weight_files import load_weights, publish_weights
 
     state = make_state(torch.ones(nbytes, dtype=torch.uint8))
     buffer = ReadBuffer()  # as the explorer's follower loads

@@ -64,9 +64,9 @@ def _worker(model: Path, dtype: str, steps: int, folder: Path) -> dict:
     """One (model, dtype) row, in a process of its own."""
     import torch
 
-    from rft_hpc.sync.checkpoint import load_weights, publish_weights, version_dir
     from rft_hpc.sync.delta import DELTA_FILE
     from rft_hpc.sync.storage import ReadBuffer, wait_for_deletions
+    from rft_hpc.sync.weight_files import load_weights, publish_weights, version_dir
 
     parameters, versions = trained_versions(model, dtype, folder)
     whole_dir, delta_dir = folder / "whole", folder / "delta"
