@@ -8,6 +8,7 @@ this explorer was not yet listening).
 
 from __future__ import annotations
 
+import logging
 import time
 
 from rft_hpc.config import ExperimentConfig
@@ -18,7 +19,14 @@ from rft_hpc.runtime.lifecycle import JobClock
 from rft_hpc.sync.protocols import VersionSource, WeightSink
 from rft_hpc.sync.publisher import fabric_backend, sync_folder
 from rft_hpc.sync.storage import ReadBuffer
-from rft_hpc.sync.weight_files import WeightsGone, latest_weights_version, load_weights
+from rft_hpc.sync.weight_files import (
+    WeightsGone,
+    WeightsUnavailable,
+    latest_weights_version,
+    load_weights,
+)
+
+log = logging.getLogger(__name__)
 
 
 def build_receiver(config: ExperimentConfig, run: RunDir, index: int) -> VersionSource | None:
@@ -68,6 +76,15 @@ class WeightFollower:
                 self.receiver.give_back(got[1])
             self.fallbacks += len(self.receiver.failures)
             self.receiver.failures.clear()
+        try:
+            return self._load_latest_files()
+        except WeightsUnavailable as exc:  # the files may be intact: keep what we hold
+            log.warning("weights unreadable for now (%s): keeping version %d and reading "
+                        "again at the next refresh", exc, self.engine.version)
+            return self.engine.version
+
+    def _load_latest_files(self) -> int:
+        """Load the version `LATEST` names when it is one to take (see `refresh`)."""
         while True:
             latest = latest_weights_version(self.run.weights)
             if latest is None or latest == self.engine.version or (

@@ -7,9 +7,10 @@ import errno
 import json
 import logging
 import os
+import signal
 import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -26,8 +27,12 @@ from rft_hpc.buffer.layout import QUARANTINE
 from rft_hpc.buffer.segment import segment_name
 from rft_hpc.config.buffer import CompactConfig
 from rft_hpc.core.retry import PROCESS_COUNTERS, RetryPolicy
+from rft_hpc.core.rundir import RunDir
 from rft_hpc.ledger.log import LedgerWriter
 from rft_hpc.ledger.replay import read_events
+from rft_hpc.runtime.common import StopFlag
+from rft_hpc.runtime.signals import STOP_SIGNALS
+from rft_hpc.sync.follower import WeightFollower
 from rft_hpc.sync.weight_files import load_weights, publish_weights
 
 RECORDS = 4
@@ -215,3 +220,41 @@ def test_an_os_error_that_says_nothing_of_the_bytes_is_no_verdict(buffer_dir: Pa
         seen += steps_read(reader)
     assert quarantined(buffer_dir) == [] and reader.skipped == []  # ... nor judged
     assert seen == {step: RECORDS for step in range(3)}
+
+
+class Sink:
+    """What an explorer's follower loads versions into (the `WeightSink` seam): it keeps
+    the versions and tensors it was given."""
+
+    def __init__(self) -> None:
+        self.version = 0
+        self.loaded: list[tuple[int, torch.Tensor]] = []
+
+    def load_weights(self, state_dict: Mapping[str, torch.Tensor], version: int) -> None:
+        self.loaded.append((version, state_dict["w"].clone()))
+        self.version = version
+
+
+def test_an_explorer_keeps_its_weights_while_a_new_version_is_unreadable(
+        tmp_path: Path, faults, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.WARNING)
+    run = RunDir(tmp_path / "run")
+    states = {v: {"w": torch.full((3, 4), float(v))} for v in (1, 2)}
+    publish_weights(run.weights, states[1], 1)
+    handlers = {s: signal.getsignal(s) for s in STOP_SIGNALS}
+    follower = WeightFollower(run, Sink(), StopFlag())
+    try:
+        assert follower.refresh() == 1
+        publish_weights(run.weights, states[2], 2)
+        # every try of the default retries fails: the version stays unreadable for now
+        log = faults({"call": "open", "path": r"v0*2/model\.safetensors$", "nth": [1, 2, 3, 4],
+                      "errno": "EIO"})
+        assert follower.refresh() == 1  # no crash: it keeps what it holds
+        assert len(fired(log)) == 4
+        assert any("keeping version 1" in r.getMessage() for r in caplog.records)
+        assert follower.refresh() == 2  # the fault passed: the next refresh takes it
+        assert [(v, float(w[0, 0])) for v, w in follower.engine.loaded] == [(1, 1.0), (2, 2.0)]
+    finally:
+        follower.close()
+        for s, h in handlers.items():
+            signal.signal(s, h)
