@@ -219,7 +219,7 @@ def read_segment_attrs(path: Path, *, retry: Retrier | None = None) -> dict[str,
     return read_judged(path, attrs, retry=retry)
 
 
-def _py(v: Any) -> Any:
+def _py(v: object) -> object:
     if isinstance(v, bytes):
         return v.decode("utf-8")
     return v.item() if isinstance(v, np.generic) else v

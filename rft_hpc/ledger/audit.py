@@ -193,7 +193,7 @@ def _audit_trainer(audit: StageAudit, history: History, config: ExperimentConfig
     audit.checks.append(_check("published versions increase", detail, problems))
 
 
-def _consumed(history: History, line: int, consumed: Any) -> list[Ref]:
+def _consumed(history: History, line: int, consumed: object) -> list[Ref]:
     """The records of a step's `consumed` field, which must be [[writer, segment, [i...]]...]."""
     refs = []
     try:

@@ -35,7 +35,7 @@ class LedgerWriter:
         if os.fstat(self._fd).st_size == 0:
             self.append("ledger", ledger_version=LEDGER_VERSION, role=role)
 
-    def append(self, event: str, **fields: Any) -> None:
+    def append(self, event: str, **fields: object) -> None:
         """Append one event (with the time) in one write; fsync it when durable."""
         line = json.dumps({"event": event, "time": time.time(), **fields},
                           separators=(",", ":")) + "\n"

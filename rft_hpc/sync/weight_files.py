@@ -43,6 +43,7 @@ from rft_hpc.core.retry import PROCESS_RETRY, StillUnreadable, read_bytes
 from rft_hpc.core.rundir import atomic_write_json, atomic_write_text, read_json, weights_folder_name
 from rft_hpc.models.lora import ADAPTER_CONFIG_FILE, ADAPTER_FILE, is_adapter_state
 from rft_hpc.sync.delta import CODEC, DELTA_FILE, DeltaMismatch, apply_state, describe, encode_state
+from rft_hpc.sync.protocols import WeightSink
 from rft_hpc.sync.storage import (
     CHECKSUM_ALGORITHM,
     FileDigest,
@@ -366,7 +367,7 @@ def load_latest_weights(weights_dir: str | Path,
                 raise
 
 
-def _check_manifest(manifest: Any, version: int, folder: Path) -> None:
+def _check_manifest(manifest: object, version: int, folder: Path) -> None:
     if not isinstance(manifest, dict) or manifest.get("format") != WEIGHTS_FORMAT:
         raise WeightsError(f"{folder}: not an rft-hpc weights manifest")
     if manifest.get("manifest_version", 0) > MANIFEST_VERSION:
@@ -401,7 +402,7 @@ def _failure(folder: Path, manifest: dict[str, Any], message: str) -> WeightsErr
     return WeightsGone(f"{folder} was deleted or replaced while being loaded ({message})")
 
 
-def load_start_weights(engine: Any, config: ExperimentConfig) -> None:
+def load_start_weights(engine: WeightSink, config: ExperimentConfig) -> None:
     """Load the stage's starting weights (multi-stage runs: `model.start_weights`, a
     `weights/v<N>` folder) into `engine` (anything with `load_weights(state, version)`) over
     the model folder's own; nothing happens when the stage starts from the model folder.

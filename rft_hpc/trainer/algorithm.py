@@ -8,6 +8,7 @@ trainer starts, not at its first step.
 from __future__ import annotations
 
 import inspect
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -127,14 +128,14 @@ def _version_window(config: ExperimentConfig) -> int:
     return (config.sync.offset + 1) * config.sync.interval
 
 
-def _parameters(fn: Any) -> dict[str, inspect.Parameter]:
+def _parameters(fn: Callable[..., object]) -> dict[str, inspect.Parameter]:
     try:
         return dict(inspect.signature(fn).parameters)
     except (TypeError, ValueError):  # a builtin without a signature: accept anything
         return {}
 
 
-def _check_args(fn: Any, args: dict[str, Any], key: str, skip: int) -> None:
+def _check_args(fn: Callable[..., object], args: dict[str, Any], key: str, skip: int) -> None:
     params = list(_parameters(fn).values())[skip:]
     if not params or any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params):
         return

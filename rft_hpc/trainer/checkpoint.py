@@ -35,6 +35,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from torch.optim.lr_scheduler import LRScheduler
 
 from rft_hpc.core.errors import UserError
 from rft_hpc.core.rundir import (
@@ -80,7 +81,7 @@ class TrainerState:
 
 
 def save_trainer_state(ckpt_dir: str | Path, step: int, *, model: torch.nn.Module,
-                       optimizer: torch.optim.Optimizer, scheduler: Any = None,
+                       optimizer: torch.optim.Optimizer, scheduler: LRScheduler | None = None,
                        cursor: dict[str, Any], extra: dict[str, Any], config_hash: str,
                        keep: int = 2, modules: Mapping[str, Any] | None = None,
                        ranks: Mapping[str, Any] | None = None) -> Path:
@@ -125,7 +126,7 @@ def save_trainer_state(ckpt_dir: str | Path, step: int, *, model: torch.nn.Modul
 
 
 def load_trainer_state(ckpt_dir: str | Path, model: torch.nn.Module,
-                       optimizer: torch.optim.Optimizer, scheduler: Any = None,
+                       optimizer: torch.optim.Optimizer, scheduler: LRScheduler | None = None,
                        config_hash: str | None = None,
                        modules: Mapping[str, Any] | None = None,
                        model_parallel: int | None = None) -> TrainerState | None:
@@ -186,7 +187,7 @@ def load_trainer_state(ckpt_dir: str | Path, model: torch.nn.Module,
                         ranks=state.get("ranks", {}))
 
 
-def _torch_save(obj: Any, path: Path) -> None:
+def _torch_save(obj: object, path: Path) -> None:
     torch.save(obj, path)
     fsync_file(path)
 

@@ -87,7 +87,7 @@ class Launch:
 
 
 _context: DistContext | None = None
-_control: Any = None  # gloo group for pickled objects (None: the default group)
+_control: dist.ProcessGroup | None = None  # gloo group for pickled objects (None: default)
 _owned = False  # whether init_distributed created the default process group
 
 
@@ -198,7 +198,7 @@ def shutdown() -> None:
 
 # -- collectives ---------------------------------------------------------------------------
 
-def broadcast_object(obj: Any, ctx: DistContext) -> Any:
+def broadcast_object(obj: object, ctx: DistContext) -> Any:
     """Rank 0's `obj` on every rank (the others pass anything, e.g. None)."""
     if not ctx.distributed:
         return obj
@@ -220,7 +220,7 @@ def scatter_objects(objs: Sequence[Any] | None, ctx: DistContext) -> Any:
     return out[0]
 
 
-def all_gather_objects(obj: Any, ctx: DistContext) -> list[Any]:
+def all_gather_objects(obj: object, ctx: DistContext) -> list[Any]:
     """Every rank's `obj`, in rank order, on every rank."""
     if not ctx.distributed:
         return [obj]
@@ -229,7 +229,7 @@ def all_gather_objects(obj: Any, ctx: DistContext) -> list[Any]:
     return out
 
 
-def all_reduce_sum(tensor: torch.Tensor, ctx: DistContext, group: Any = None
+def all_reduce_sum(tensor: torch.Tensor, ctx: DistContext, group: dist.ProcessGroup | None = None
                    ) -> torch.Tensor:
     """Sum `tensor` over the ranks (of `group`, default all), in place (on the rank's
     device); returns it."""
@@ -248,7 +248,8 @@ def broadcast_parameters(module: torch.nn.Module, ctx: DistContext) -> None:
 
 
 def all_reduce_gradients(params: Iterable[torch.nn.Parameter], ctx: DistContext,
-                         bucket_bytes: int = BUCKET_BYTES, group: Any = None) -> None:
+                         bucket_bytes: int = BUCKET_BYTES,
+                         group: dist.ProcessGroup | None = None) -> None:
     """Replace every parameter's gradient by its sum over the ranks (of `group`, a process
     group every rank of which calls this; default all ranks).
 

@@ -18,6 +18,7 @@ import torch
 from rft_hpc.buffer.compact import Compactor
 from rft_hpc.buffer.reader import Batch, BufferReader
 from rft_hpc.config import ExperimentConfig
+from rft_hpc.core.json_types import JSONValue
 from rft_hpc.core.rundir import RunDir
 from rft_hpc.eval.carry import carried_scores
 from rft_hpc.eval.heldout import HeldOutEvaluation
@@ -335,7 +336,7 @@ class TrainerLoop:
             self.weights_gathered += 1
         return self._weights[1]
 
-    def beat(self, status: str, **fields: Any) -> None:
+    def beat(self, status: str, **fields: JSONValue) -> None:
         """Write the trainer's heartbeat with `status` and its progress."""
         write_heartbeat(self.rundir, "trainer", status=status, step=self.step, total=self.steps,
                         version=self.version, started=self.started,

@@ -32,6 +32,7 @@ class AdapterOff(torch.nn.Module):
         # switch to eval mode or hand to an optimizer
         self._policy = (model,)
 
+    # Any: the HF forward's keyword arguments and output, passed through as they are
     def forward(self, **inputs: Any) -> Any:
         """The base model's output for `inputs` (keyword arguments of the HF forward)."""
         model = self._policy[0]

@@ -30,7 +30,7 @@ in the reward at TP > 1 (rank 0 would run the sharded reference alone).
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
@@ -44,6 +44,9 @@ from rft_hpc.trainer.distributed import DistContext, all_reduce_gradients
 from rft_hpc.trainer.fsdp import FullState
 from rft_hpc.trainer.lora import lora_unsupported
 from rft_hpc.trainer.torch_backend import idle_pass
+
+if TYPE_CHECKING:  # megatron-core is an optional extra: imported where it is used
+    from rft_hpc.megatron.policy import MegatronPolicy
 
 _MOMENTS = ("exp_avg", "exp_avg_sq")
 
@@ -116,7 +119,7 @@ def setup_model_parallel(config: ExperimentConfig, ctx: DistContext) -> torch.de
     return device
 
 
-def clip_grad_norm(policy: Any, max_norm: float) -> float:
+def clip_grad_norm(policy: MegatronPolicy, max_norm: float) -> float:
     """Scale the gradients so the full model's gradient norm is at most `max_norm` (as
     `torch.nn.utils.clip_grad_norm_` on the whole model); returns the norm before. A
     collective of the TP group when TP > 1."""
@@ -144,7 +147,8 @@ def clip_grad_norm(policy: Any, max_norm: float) -> float:
     return total if math.isfinite(total) else float("nan")
 
 
-def full_optimizer_state(policy: Any, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+def full_optimizer_state(policy: MegatronPolicy,
+                         optimizer: torch.optim.Optimizer) -> dict[str, Any]:
     """AdamW's state with its moments gathered to full HF tensors, on global rank 0 (a
     collective; the other ranks get an empty dict): `{"state": {hf_name: {"exp_avg",
     "exp_avg_sq"}}, "step": float, "param_groups": [...] without "params"}`. Every weight
@@ -165,7 +169,7 @@ def full_optimizer_state(policy: Any, optimizer: torch.optim.Optimizer) -> dict[
             "step": max(steps, default=0.0), "param_groups": groups}
 
 
-def load_optimizer_state(policy: Any, optimizer: torch.optim.Optimizer,
+def load_optimizer_state(policy: MegatronPolicy, optimizer: torch.optim.Optimizer,
                          full: dict[str, Any]) -> None:
     """Load a state saved by `full_optimizer_state` into this rank's shard of it."""
     shards = {key: policy.shard_of({n: s[key] for n, s in full["state"].items()})
@@ -201,7 +205,7 @@ class MegatronBackend:
 
     name = "megatron"
     sharded = True
-    model: Any  # MegatronPolicy
+    model: MegatronPolicy
 
     def __init__(self, config: ExperimentConfig, ctx: DistContext) -> None:
         self.config, self.dist = config, ctx
