@@ -58,6 +58,9 @@ INIT_KINDS: dict[str, TinyModelSpec] = {
     "tiny-llama-chat": TinyModelSpec(chat=True),
     "tiny-qwen2": TinyModelSpec(arch="qwen2"),
     "tiny-qwen3": TinyModelSpec(arch="qwen3"),
+    # the CPU recipe's model (configs/recipes/gsm8k-cpu.yaml): two layers learn the word
+    # problems' copy-then-add in half the SFT steps of four (test_real_workload)
+    "tiny-qwen2-2layer": TinyModelSpec(arch="qwen2", num_layers=2),
     "tiny-mistral": TinyModelSpec(arch="mistral"),
 }
 """The models `model.init` may name, with the spec each is built from."""
