@@ -32,10 +32,11 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
 
 
 def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
-    """`-n auto` (pyproject's addopts): one worker more than the cores this process may use,
-    at most 4. Most tests wait on processes, Slurm and files: on 2 cores, two workers kept
-    the cores 58 % busy (588 tests in 1138 s), three 66 % (1004 s)."""
-    return max(1, min(4, len(os.sched_getaffinity(0)) + 1))
+    """`-n auto` (pyproject's addopts): two workers per core this process may use, at most
+    4. Many tests wait on processes, Slurm and files: on 2 cores, two workers kept the cores
+    58 % busy (588 tests in 1138 s), three 66 % (1004 s); with 676 tests (2026-12-06), three
+    took 1955 s and four 1651 s, with the cores 99 % busy throughout."""
+    return max(1, min(4, 2 * len(os.sched_getaffinity(0))))
 
 
 # The files that take minutes, longest first (measured 2026-12-05 on 2 cores: 750, 520, 420,
