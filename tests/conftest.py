@@ -16,18 +16,12 @@ from helpers.tools import check_needs
 from rft_hpc.buffer.layout import ensure_buffer_dir
 
 # Test workers share the machine: each one's role processes count on its share of the cores
-# (rft_hpc.runtime.placement), as a laptop's would count on all of them. So do the worker's
-# own torch and every process it starts without a thread setting of its own (OMP_NUM_THREADS
-# is inherited): four processes of two OpenMP threads each on 2 cores, each waiting a little
-# now and then as tests do, did 7 times less work than four of one thread (spinning threads).
+# (rft_hpc.runtime.placement), as a laptop's would count on all of them.
 # (Set in each xdist worker, which knows the worker count: the controller's value would be
 # inherited by the workers.)
 if "PYTEST_XDIST_WORKER_COUNT" in os.environ:
-    import torch
-
-    _SHARE = max(1, len(os.sched_getaffinity(0)) // int(os.environ["PYTEST_XDIST_WORKER_COUNT"]))
-    os.environ["RFT_HPC_CORES"] = os.environ["OMP_NUM_THREADS"] = str(_SHARE)
-    torch.set_num_threads(_SHARE)
+    os.environ["RFT_HPC_CORES"] = str(max(1, len(os.sched_getaffinity(0)) // int(
+        os.environ["PYTEST_XDIST_WORKER_COUNT"])))
 
 
 @pytest.hookimpl(tryfirst=True)
