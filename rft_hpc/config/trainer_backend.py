@@ -44,6 +44,12 @@ class TrainerBackendFields(ConfigSection):
     batch. A sequence longer than the budget is skipped with a warning and counted in the
     `skipped_sequences` metric. 0: each rank's whole shard at once."""
 
+    share_prompts: bool = True
+    """Run the rows that begin with the same prompt (a GRPO group, a DPO pair) through the
+    model as one sequence, the prompt once (rft_hpc.batch.shared_prompts): the same logits
+    and gradients for less work, taken when the estimate says it is cheaper (backend torch,
+    sdpa or eager attention). false: every row padded on its own, e.g. to compare."""
+
     activation_checkpointing: bool = False
     """Recompute the activations of each transformer layer in the backward pass instead of
     keeping them (less memory, about a third more compute); the gradients are the same.

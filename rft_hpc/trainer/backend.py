@@ -53,6 +53,8 @@ class TrainerBackend(Protocol):
     rank0_forward: bool
     """True when rank 0 can run the policy's forward by itself (the whole-batch log-probs
     that a KL penalty in the reward needs, computed before the batch is split)."""
+    packs_prompts: bool
+    """True when `logits` takes packed prompts (a 4D attention mask and position ids)."""
     model: torch.nn.Module
     """The policy being trained (set by `build`): its `parameters()` are what the optimizer
     steps; called with `input_ids`, `attention_mask`, `use_cache` it returns `.logits`."""
@@ -72,9 +74,11 @@ class TrainerBackend(Protocol):
         replica (the critic); nothing for a backend that is spread by `build` or not at
         all."""
 
-    def logits(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+    def logits(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+               position_ids: torch.Tensor | None = None) -> torch.Tensor:
         """The policy's float32 logits [B, T, V] for a batch, computed in `compute_dtype`
-        with autograd (a collective when `sharded`)."""
+        with autograd (a collective when `sharded`): of padded rows (a [B, T] mask), or of
+        packed prompts (`rft_hpc.batch.shared_prompts`: a 4D mask and position ids)."""
 
     def idle_pass(self, pad_id: int) -> None:
         """A forward and backward that adds nothing to the gradients: a rank with no micro-

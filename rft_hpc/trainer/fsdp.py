@@ -138,10 +138,11 @@ class FSDPBackend(TorchBackend):
         dtype = self.compute_dtype
         shard_model(self.model, self.dist, None if dtype == torch.float32 else dtype)
 
-    def logits(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+    def logits(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+               position_ids: torch.Tensor | None = None) -> torch.Tensor:
         """The policy's float32 logits (FSDP2 gathers the weights in the compute dtype)."""
         return self.model(input_ids=input_ids, attention_mask=attention_mask,
-                          use_cache=False).logits.float()
+                          position_ids=position_ids, use_cache=False).logits.float()
 
     def reduce_gradients(self) -> None:
         """Nothing: FSDP2 sums the gradients over the ranks in the backward pass."""

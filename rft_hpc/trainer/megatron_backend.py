@@ -205,6 +205,7 @@ class MegatronBackend:
 
     name = "megatron"
     sharded = True
+    packs_prompts = False
     model: MegatronPolicy
 
     def __init__(self, config: ExperimentConfig, ctx: DistContext) -> None:
@@ -251,8 +252,10 @@ class MegatronBackend:
     def distribute(self) -> None:
         """Nothing: `build` made this rank's shard."""
 
-    def logits(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-        """The full vocabulary's float32 logits (gathered over the TP group)."""
+    def logits(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+               position_ids: torch.Tensor | None = None) -> torch.Tensor:
+        """The full vocabulary's float32 logits (gathered over the TP group); padded rows
+        only (`packs_prompts` is False), so `position_ids` is always None."""
         return self.model(input_ids=input_ids, attention_mask=attention_mask,
                           use_cache=False).logits.float()
 

@@ -33,6 +33,7 @@ class TorchBackend:
     name = "ddp"
     sharded = False
     model_parallel = 1
+    packs_prompts = True
     model: torch.nn.Module
 
     def __init__(self, config: ExperimentConfig, dist: DistContext) -> None:
@@ -76,11 +77,12 @@ class TorchBackend:
     def distribute(self) -> None:
         """Nothing: every rank keeps its whole replica."""
 
-    def logits(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+    def logits(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+               position_ids: torch.Tensor | None = None) -> torch.Tensor:
         """The policy's float32 logits, under autocast to a compute dtype below float32."""
         with self._autocast():
             return self.model(input_ids=input_ids, attention_mask=attention_mask,
-                              use_cache=False).logits.float()
+                              position_ids=position_ids, use_cache=False).logits.float()
 
     def _autocast(self) -> contextlib.AbstractContextManager:
         if self.compute_dtype == torch.float32:

@@ -33,6 +33,7 @@ from rft_hpc.algorithms import (
     value_loss,
 )
 from rft_hpc.batch.logprobs import target_logprobs
+from rft_hpc.batch.shared_prompts import attention_kind, pack_shared_prompts
 from rft_hpc.buffer.reader import Batch
 from rft_hpc.config import ExperimentConfig
 from rft_hpc.engines.hf import HFEngine, load_policy
@@ -66,7 +67,7 @@ def config_hash(config: ExperimentConfig) -> str:
                                                    "tasks", "prompt"}, exclude_defaults=True)
     # how the work is split (ranks, micro-batches, recomputation) may change on a resume
     for key in ("steps", "save_interval", "keep_checkpoints", "threads",
-                "micro_batch_tokens", "activation_checkpointing"):
+                "micro_batch_tokens", "share_prompts", "activation_checkpointing"):
         keep.get("trainer", {}).pop(key, None)
     return hashlib.sha256(json.dumps(keep, sort_keys=True).encode()).hexdigest()[:16]
 
@@ -90,6 +91,10 @@ class Trainer:
         self.device = self.backend.device
         self.tokenizer, hf_model = load_policy(config.model.path, config.model.dtype)
         self.backend.place(hf_model)
+        self.attention = (attention_kind(hf_model) if tcfg.share_prompts
+                          and self.backend.packs_prompts else None)
+        """The policy's attention implementation when rows may share their prompt's pass."""
+        self.hidden_size = int(getattr(hf_model.config, "hidden_size", 0))
         self.engine = HFEngine(model=hf_model, tokenizer=self.tokenizer,
                                device=str(self.device), prompt=config.prompt,
                                lora=config.model.lora)
@@ -207,7 +212,15 @@ class Trainer:
             rows = {k: v.to(self.device) for k, v in rows.items()}
             adv = None if adv is None else adv.to(self.device)
         mask = tb.loss_mask
-        logits = self.backend.logits(tb.input_ids, tb.attention_mask)
+        packed = (pack_shared_prompts(tb, self.hidden_size, self.pad_id)
+                  if self.attention else None)
+        if packed is not None:
+            packed = packed.to(self.device)
+            inputs = packed.model_inputs(self.attention, self.compute_dtype)
+            logits = packed.unpack(self.backend.logits(**inputs))
+        else:
+            inputs = {"input_ids": tb.input_ids, "attention_mask": tb.attention_mask}
+            logits = self.backend.logits(**inputs)
         logp = target_logprobs(logits, tb.targets, self.temperature)
         out = LocalMetrics(tokens=float(mask.sum()), rows=float(mask.shape[0]))
         is_expert = old = ref = None
@@ -222,9 +235,10 @@ class Trainer:
                 out.rl_tokens = float(rl_mask.sum())
         if self.reference is not None and (plan.kl_loss or plan.policy_loss_fn == "dpo"):
             with torch.no_grad():
-                ref = target_logprobs(self.reference(
-                    input_ids=tb.input_ids, attention_mask=tb.attention_mask,
-                    use_cache=False).logits, tb.targets, self.temperature)
+                ref_logits = self.reference(**inputs, use_cache=False).logits
+                if packed is not None:
+                    ref_logits = packed.unpack(ref_logits)
+                ref = target_logprobs(ref_logits, tb.targets, self.temperature)
         weights = rows.get("correction_weights")
         if weights is not None:  # the ratio to the trainer's own log-probs of that version
             old = rows["correction_old_logp"]
