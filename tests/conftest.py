@@ -16,12 +16,18 @@ from helpers.tools import check_needs
 from rft_hpc.buffer.layout import ensure_buffer_dir
 
 # Test workers share the machine: each one's role processes count on its share of the cores
-# (rft_hpc.runtime.placement), as a laptop's would count on all of them.
-# (Set in each xdist worker, which knows the worker count: the controller's value would be
-# inherited by the workers.)
+# (rft_hpc.runtime.placement), as a laptop's would count on all of them; so does the worker's
+# own torch (in-process trainers, model builds): four workers of two OpenMP threads each on 2
+# cores spin and wait on each other (four processes of two threads doing small torch steps did
+# 7x less work than four of one, measured 2026-12-06). Not OMP_NUM_THREADS: the processes a
+# test starts keep their own settings. (Set in each xdist worker, which knows the worker
+# count: the controller's value would be inherited by the workers.)
 if "PYTEST_XDIST_WORKER_COUNT" in os.environ:
-    os.environ["RFT_HPC_CORES"] = str(max(1, len(os.sched_getaffinity(0)) // int(
-        os.environ["PYTEST_XDIST_WORKER_COUNT"])))
+    import torch
+
+    _SHARE = max(1, len(os.sched_getaffinity(0)) // int(os.environ["PYTEST_XDIST_WORKER_COUNT"]))
+    os.environ["RFT_HPC_CORES"] = str(_SHARE)
+    torch.set_num_threads(_SHARE)
 
 
 @pytest.hookimpl(tryfirst=True)

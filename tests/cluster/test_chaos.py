@@ -53,9 +53,11 @@ def audit(env: dict[str, str], run: Path) -> dict:
 @pytest.mark.timeout(900)  # ~120 s here, 170 s loaded
 def test_trainer_signals_killed_explorers_and_a_requeued_array_lose_nothing(
         slurm_env: dict[str, str], tmp_path: Path, tiny_model: Path) -> None:
-    # 24 steps: the events below need ~16 (the trainer's 3 lives end at steps 2, 5 and 8;
-    # each explorer outage holds it back), the rest is margin
-    run = submit(slurm_env, tmp_path, tiny_model, unique("chaos"), "--set", "trainer.steps=24")
+    # 48 steps: the events below need ~16 (the trainer's 3 lives end at steps 2, 5 and 8;
+    # each explorer outage holds it back), the rest is margin: a step of this run takes
+    # ~0.1 s, and under a loaded suite the trainer was at step 16 before the first signal
+    # reached it and the run ended before explorer 0's second life (24 steps, 2026-12-06)
+    run = submit(slurm_env, tmp_path, tiny_model, unique("chaos"), "--set", "trainer.steps=48")
     trainer = job_id(slurm_env, run, "main.trainer")
     explorers = job_id(slurm_env, run, "main.explorer")
     # (a) Slurm's warning signal to the trainer, 3 times: it saves and requeues itself
@@ -77,7 +79,7 @@ def test_trainer_signals_killed_explorers_and_a_requeued_array_lose_nothing(
     wait_until(lambda: heartbeat(run, "explorer-1").get("restarts", 0) >= 1
                or not jobs_in_queue(slurm_env, run.name), what="explorer 1 requeued")
 
-    finished(slurm_env, run, steps=24)
+    finished(slurm_env, run, steps=48)
     stage = audit(slurm_env, run)
     assert stage["trainer"]["restarts"] == 3
     assert stage["trainer"]["causes"] == ["requeue"] * 3
