@@ -207,15 +207,16 @@ class Trainer:
         width = tb.loss_mask.shape[1]
         rows = {k: v[:, :width] for k, v in shard.rows.items()}
         adv = None if shard.advantages is None else shard.advantages[:, :width]
+        # planned on the host batch, before it moves: the plan reads every token
+        packed = (pack_shared_prompts(tb, self.hidden_size, self.pad_id)
+                  if self.attention else None)
         if self.device.type != "cpu":
             tb = tb.to(self.device)
             rows = {k: v.to(self.device) for k, v in rows.items()}
             adv = None if adv is None else adv.to(self.device)
+            packed = None if packed is None else packed.to(self.device)
         mask = tb.loss_mask
-        packed = (pack_shared_prompts(tb, self.hidden_size, self.pad_id)
-                  if self.attention else None)
         if packed is not None:
-            packed = packed.to(self.device)
             inputs = packed.model_inputs(self.attention, self.compute_dtype)
             logits = packed.unpack(self.backend.logits(**inputs))
         else:
