@@ -18,6 +18,7 @@ import torch
 from rft_hpc.config.lora import LoraSettings
 from rft_hpc.config.prompt import PromptConfig
 from rft_hpc.engines.requests import Completion, FinishedGroup, GroupRequest
+from rft_hpc.models.attention import use_native_gqa_on_cpu
 from rft_hpc.models.lora import add_adapter, is_adapted, is_adapter_state, load_adapter_state
 from rft_hpc.tasks.prompts import prompt_ids, stop_token_ids, truncate_at_stop
 from rft_hpc.tasks.task import Task
@@ -43,11 +44,13 @@ def load_policy(model_path: str | Path, dtype: str = "float32",
                 device: str | torch.device | None = None,
                 ) -> tuple[PreTrainedTokenizerBase, PreTrainedModel]:
     """Tokenizer and causal LM from a local Hugging Face folder (never a hub), on the CPU,
-    in `model_dtype(dtype, device)`: `device` is where the caller will put the model."""
+    in `model_dtype(dtype, device)`: `device` is where the caller will put the model.
+    Grouped-query layers on CPUs attend without copying keys and values (`models.attention`)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()
+    use_native_gqa_on_cpu()
     tokenizer = AutoTokenizer.from_pretrained(str(model_path), local_files_only=True)
     model = AutoModelForCausalLM.from_pretrained(str(model_path), local_files_only=True,
                                                  dtype=model_dtype(dtype, device))
