@@ -26,7 +26,9 @@ def role_env(threads: int | None, *, shared: bool = False) -> dict[str, str]:
     the log level (`--log-level`) when one was set. `threads`: the role's CPU threads, None
     to let the role take its allocation's cores; `shared`: they are its share of a machine
     that roles share (`runtime.placement`)."""
-    env = {"TOKENIZERS_PARALLELISM": "false", "PYTHONUNBUFFERED": "1"}
+    # PYTHONFAULTHANDLER: a role that dies of a signal (a native library's abort, a segfault)
+    # leaves every thread's Python stack in its log, not just the signal's name
+    env = {"TOKENIZERS_PARALLELISM": "false", "PYTHONUNBUFFERED": "1", "PYTHONFAULTHANDLER": "1"}
     if threads is not None:
         env["OMP_NUM_THREADS"] = str(threads)
         if shared:

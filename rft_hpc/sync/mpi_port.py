@@ -90,9 +90,12 @@ class MpiPortSender(MpiSender):
 
     def close(self) -> None:
         """Close the links, stop accepting and remove `PORT` (if it is still ours)."""
+        self._stop.set()
+        # the accept thread must not be between calls into MPI when the process exits (one
+        # stuck in Accept, for a joiner that died, is left: MPI gives no way to stop it)
+        self._thread.join(timeout=10 * self._poll + 1.0)
         self._adopt()
         super().close()
-        self._stop.set()
         with contextlib.suppress(FileNotFoundError):
             if (self.folder / PORT_FILE).read_text().split("\n")[0] == self.generation:
                 (self.folder / PORT_FILE).unlink()
