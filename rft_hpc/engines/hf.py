@@ -91,7 +91,7 @@ class HFEngine:
         """Version of the weights loaded (0 = the initial model)."""
         self.lora = lora
         """The LoRA adapter the versions are (None: they are whole models)."""
-        self._batches: deque[list[GroupRequest]] = deque()
+        self._queue: deque[GroupRequest] = deque()
 
     def load_weights(self, state_dict: Mapping[str, torch.Tensor], version: int) -> None:
         """Replace the model's weights in place with a published state dict (copied: the
@@ -136,48 +136,50 @@ class HFEngine:
     def close(self) -> None:
         """Nothing to free beyond this process's memory: the model goes with the engine."""
 
-    @torch.no_grad()
     def generate(self, prompts: Sequence[Sequence[int]], *, n: int, max_new_tokens: int,
                  temperature: float, seed: int) -> list[list[Completion]]:
         """`n` completions per prompt; temperature 0 decodes greedily (log-probs at T=1).
 
-        The same prompts, weights and seed give the same completions.
+        Sample k of prompt i is drawn with seed `seed + i * n + k` alone: the same prompts,
+        weights and seed give the same completions, and a prompt's samples do not depend on
+        the other prompts of the call (up to float order).
         """
-        was_training = self.model.training
-        self.model.eval()
-        try:
-            return self._generate(prompts, n, max_new_tokens, temperature, seed)
-        finally:
-            self.model.train(was_training)
+        return self._generate([(p, seed + i * n) for i, p in enumerate(prompts)], n,
+                              max_new_tokens, temperature)
 
     def submit(self, requests: Sequence[GroupRequest]) -> None:
-        """Queue a batch of group requests (`engines.requests`); `poll` serves it."""
-        if requests:
-            self._batches.append(list(requests))
+        """Queue group requests (`engines.requests`); `poll` serves them."""
+        self._queue.extend(requests)
 
     @property
     def in_flight(self) -> int:
         """Group requests submitted and not yet returned by `poll`."""
-        return sum(len(b) for b in self._batches)
+        return len(self._queue)
 
     def poll(self) -> list[FinishedGroup]:
-        """Generate the oldest submitted batch (one `generate` call with its first request's
-        seed; its requests must share n, token budget and temperature) and return its
-        groups; [] when nothing is queued."""
-        if not self._batches:
+        """Generate the queued requests in one `generate` call (the oldest, and every one
+        after it that shares its n, token budget and temperature) and return their groups;
+        [] when nothing is queued. Sample k of a group is drawn with seed `seed + k`."""
+        if not self._queue:
             return []
-        batch = self._batches.popleft()
-        first = batch[0]
-        groups = self.generate([r.prompt for r in batch], n=first.n,
-                               max_new_tokens=first.max_new_tokens,
-                               temperature=first.temperature, seed=first.seed)
+        first = self._queue[0]
+        shape = (first.n, first.max_new_tokens, first.temperature)
+        batch = []
+        while self._queue and (self._queue[0].n, self._queue[0].max_new_tokens,
+                               self._queue[0].temperature) == shape:
+            batch.append(self._queue.popleft())
+        groups = self._generate([(r.prompt, r.seed) for r in batch], *shape)
         return [FinishedGroup(r.key, g) for r, g in zip(batch, groups, strict=True)]
 
-    def _generate(self, prompts: Sequence[Sequence[int]], n: int, max_new_tokens: int,
-                  temperature: float, seed: int) -> list[list[Completion]]:
-        from transformers import GenerationConfig
+    @torch.no_grad()
+    def _generate(self, seeded: Sequence[tuple[Sequence[int], int]], n: int,
+                  max_new_tokens: int, temperature: float) -> list[list[Completion]]:
+        """`n` completions of each `(prompt, seed)`, sample k drawn with `seed + k`."""
+        from transformers import GenerationConfig, LogitsProcessorList
 
-        rows = [list(p) for p in prompts for _ in range(n)]
+        was_training = self.model.training
+        self.model.eval()
+        rows = [list(p) for p, _ in seeded for _ in range(n)]
         width = max(len(r) for r in rows)
         ids = torch.full((len(rows), width), self.pad_id, dtype=torch.long)
         mask = torch.zeros_like(ids)
@@ -185,26 +187,33 @@ class HFEngine:
             ids[i, width - len(r):] = torch.tensor(r)
             mask[i, width - len(r):] = 1
         greedy = temperature <= 0
+        # sampling is greedy decoding of Gumbel-perturbed scores (RowSampler), so do_sample
+        # stays off and no processor of transformers' own touches the scores
         config = GenerationConfig(
-            do_sample=not greedy, temperature=None if greedy else temperature, top_k=None,
-            top_p=None, max_new_tokens=max_new_tokens, pad_token_id=self.pad_id,
+            do_sample=False, temperature=None, top_k=None, top_p=None,
+            max_new_tokens=max_new_tokens, pad_token_id=self.pad_id,
             eos_token_id=list(self.stop_ids), bos_token_id=self.tokenizer.bos_token_id,
             output_logits=True, return_dict_in_generate=True)
+        sampler = None if greedy else LogitsProcessorList([RowSampler(
+            [seed + k for _, seed in seeded for k in range(n)], temperature, self.device)])
         # every n-th row is a prompt's first; all end at column `width`
         cache = self._shared_prefill(ids[::n, :-1], mask[::n, :-1], n) if n > 1 and width > 1 \
             else None
-        torch.manual_seed(seed)
-        out = self.model.generate(input_ids=ids.to(self.device),
-                                  attention_mask=mask.to(self.device), past_key_values=cache,
-                                  generation_config=config)
+        try:
+            out = self.model.generate(input_ids=ids.to(self.device),
+                                      attention_mask=mask.to(self.device),
+                                      past_key_values=cache, generation_config=config,
+                                      logits_processor=sampler)
+        finally:
+            self.model.train(was_training)
         new = out.sequences[:, width:]
-        logits = torch.stack(out.logits, dim=1).float()  # [rows, steps, vocab]
+        logits = torch.stack(out.logits, dim=1).float()  # [rows, steps, vocab], raw
         logp = torch.log_softmax(logits / (1.0 if greedy else temperature), dim=-1)
         # gathered where they were computed: only [rows, steps] leave the device
         token_logp = logp.gather(-1, new.unsqueeze(-1)).squeeze(-1).cpu()
         new = new.cpu()
         completions = [self._completion(new[i], token_logp[i]) for i in range(len(rows))]
-        return [completions[i * n:(i + 1) * n] for i in range(len(prompts))]
+        return [completions[i * n:(i + 1) * n] for i in range(len(seeded))]
 
     def _shared_prefill(self, ids: torch.Tensor, mask: torch.Tensor, n: int,
                         ) -> DynamicCache:
@@ -228,3 +237,24 @@ class HFEngine:
         text = self.tokenizer.decode(toks, skip_special_tokens=True)
         return Completion(toks, logp[:len(toks)].tolist(), text, finished,
                           versions=[(self.version, 0)])
+
+
+class RowSampler:
+    """A logits processor that samples each row of a batch from softmax(scores / T) with a
+    generator of its own: argmax(scores / T + Gumbel noise) is such a sample (the Gumbel-max
+    trick), so greedy decoding of what this returns samples. A row's tokens then depend on
+    its seed alone, not on which rows share its batch or in what order: requests can be
+    batched however they arrive."""
+
+    def __init__(self, seeds: Sequence[int], temperature: float,
+                 device: str | torch.device = "cpu") -> None:
+        self.temperature = temperature
+        self.generators = [torch.Generator(device).manual_seed(s) for s in seeds]
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        """The scores over the temperature plus one Gumbel draw per row and token."""
+        vocab = scores.shape[-1]
+        uniform = torch.stack([torch.rand(vocab, generator=g, device=scores.device)
+                               for g in self.generators])
+        gumbel = -torch.log(-torch.log(uniform.clamp_min(torch.finfo(uniform.dtype).tiny)))
+        return scores.float() / self.temperature + gumbel

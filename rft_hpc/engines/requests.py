@@ -3,9 +3,10 @@ of sampling requests submitted in batches and taken back as they finish (`submit
 `poll`), so that an explorer keeps the requests of several steps in flight and takes new
 weights between engine steps.
 
-A `GroupRequest` asks for `n` completions of one prompt. `HFEngine` serves one submitted
-batch per `poll` (a whole step's groups in one `generate` call, so its samples are those of
-`generate` with the batch's first seed); `VLLMEngine` feeds every request to vLLM's
+A `GroupRequest` asks for `n` completions of one prompt, sample j drawn with `seed + j`, so
+a group's samples do not depend on the requests it is batched with. `HFEngine` serves every
+queued request in one `generate` call per `poll` (the requests of several steps and the
+groups dynamic sampling draws go together); `VLLMEngine` feeds every request to vLLM's
 continuous batching and `poll` runs one engine step, returning the groups that finished in
 it. Each completion says under which weight versions its tokens were sampled
 (`Completion.versions`): a vLLM request in flight when new weights arrive goes on with them.
@@ -55,8 +56,7 @@ class GroupRequest:
     max_new_tokens: int
     temperature: float
     seed: int
-    """vLLM: sample j of the group uses `seed + j`; HF: a batch samples with the seed of
-    its first request."""
+    """Sample j of the group is drawn with seed `seed + j` (both engines)."""
 
 
 @dataclass

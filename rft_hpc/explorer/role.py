@@ -83,8 +83,15 @@ def single_turn_workflow(config: ExperimentConfig, run: RunDir, role: str,
     cfg = config.explorer
     rewards = RewardPool(cfg.reward_workers, cfg.reward_timeout)  # start while the model loads
     failures = RewardFailures(cfg.reward_failure_limit)
-    stream = StepStream(start_engine(), SamplingSettings(cfg.repeat, cfg.max_new_tokens,
-                                                         cfg.temperature),
+    try:
+        engine = start_engine()
+    except BaseException:
+        # its workers ignore stop signals (they outlive Slurm's warning): left running, they
+        # would hold the process at exit, where multiprocessing joins its children
+        rewards.close()
+        raise
+    stream = StepStream(engine, SamplingSettings(cfg.repeat, cfg.max_new_tokens,
+                                                 cfg.temperature),
                         rewards, steps_in_flight(config), config.pipeline.dynamic_sampling,
                         failures)
     log.info("up to %d steps in flight", stream.window)

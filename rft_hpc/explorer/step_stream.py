@@ -190,11 +190,9 @@ class StepStream:
                                      or float(np.std(rewards)) > self.dynamic.min_std)
         lacking = st.size - st.good - st.out
         if lacking > 0 and st.reserve:
-            # one engine request batch per group: an engine that samples a batch from one
-            # seed (HF) then gives each group the same completions however the scoring's
-            # timing grouped the draws, so a run's records do not depend on that timing
-            for drawn in st.reserve[:lacking]:
-                self._draw(st, [drawn])
+            # each group samples from its own seed (`GroupRequest.seed`): the records do not
+            # depend on which draws the scoring's timing put together
+            self._draw(st, st.reserve[:lacking])
             del st.reserve[:lacking]
 
     def completed(self) -> Iterator[CompletedStep]:

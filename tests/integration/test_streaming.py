@@ -1,5 +1,6 @@
 """Streaming explorers (rft_hpc.explorer.step_stream): reward batches scored as they come, steps
-kept in flight together and committed in order, the same records as the step barrier, and
+kept in flight together and committed in order, the same records as the step barrier (up to
+the float order of the engine's batches), and
 an asynchronous demo run whose steps overlap and whose audit passes."""
 
 from __future__ import annotations
@@ -64,8 +65,14 @@ def test_steps_in_flight_are_committed_in_order_with_the_step_barriers_records(t
                                    first_group_id=10 * done.step, step=done.step,
                                    seed=100 + done.step, pool=pool)
             for e in [*want, *done.experiences]:
-                e.created = 0.0  # the time each was made: all else must be equal
-            assert done.experiences == want  # tokens, log-probs, rewards, ids
+                e.created = 0.0  # the time each was made
+            # the engine generated the three steps in one batch: the same tokens (each group
+            # samples from its own seed), log-probs equal up to the float order of another
+            # batch shape, all else equal
+            for e, w in zip(done.experiences, want, strict=True):
+                assert e.logprobs == pytest.approx(w.logprobs, abs=1e-5)
+                e.logprobs = w.logprobs
+            assert done.experiences == want  # tokens, rewards, ids
             assert all(e.policy_version == 0 and e.step == done.step
                        for e in done.experiences)
 
@@ -89,3 +96,24 @@ def test_an_asynchronous_run_keeps_steps_in_flight_and_its_audit_passes(tmp_path
     assert max(lags) <= 2 and max(lags) >= 1  # ahead of the weights, within sync.offset
     audit = rft("audit", run)
     assert audit.returncode == 0, audit.stdout[-3000:] + audit.stderr[-2000:]
+
+
+def test_an_engine_that_fails_to_start_leaves_no_reward_worker(tmp_path):
+    """The reward workers start while the engine loads; when it fails they must stop: they
+    ignore stop signals, and multiprocessing joins a role's children at its exit (a forked
+    explorer whose vLLM import failed hung there, its error never logged)."""
+    import multiprocessing
+
+    from rft_hpc.config import load_config
+    from rft_hpc.core.rundir import RunDir
+    from rft_hpc.explorer.role import single_turn_workflow
+
+    config = load_config(DEMO, [f"run.root={tmp_path}", "explorer.reward_workers=2"])
+
+    def broken_engine():
+        raise ImportError("no engine here")
+
+    before = set(multiprocessing.active_children())
+    with pytest.raises(ImportError, match="no engine here"):
+        single_turn_workflow(config, RunDir(tmp_path / "run"), "explorer-0", broken_engine)
+    assert set(multiprocessing.active_children()) <= before
