@@ -196,10 +196,10 @@ class HFEngine:
             output_logits=True, return_dict_in_generate=True)
         sampler = None if greedy else LogitsProcessorList([RowSampler(
             [seed + k for _, seed in seeded for k in range(n)], temperature, self.device)])
-        # every n-th row is a prompt's first; all end at column `width`
-        cache = self._shared_prefill(ids[::n, :-1], mask[::n, :-1], n) if n > 1 and width > 1 \
-            else None
         try:
+            # every n-th row is a prompt's first; all end at column `width`
+            cache = self._shared_prefill(ids[::n, :-1], mask[::n, :-1], n) \
+                if n > 1 and width > 1 else None
             out = self.model.generate(input_ids=ids.to(self.device),
                                       attention_mask=mask.to(self.device),
                                       past_key_values=cache, generation_config=config,

@@ -45,6 +45,12 @@ the gain at the edge of noise (Qwen3 seed 0 p = 8e-4; on a fresh machine Qwen2 4
 44.4 % and Qwen3 p = 0.18); a 10-step lr warm-up, a linear lr decay and temperature 1.0
 did not help.
 
+Since the explorer's groups sample from their own seeds (the HF engine batches dynamic
+sampling's draws; 2026-12-06, same regime), seed 0, one thread: Qwen2 42.1 % -> 69.8 %,
+311 / 34, p = 1.9e-57; Qwen3 51.3 % -> 75.2 %, 283 / 44, p = 3.4e-44 (the warm-up ends
+elsewhere too: grouped-query attention without the key/value copy, another float order).
+Seeds 1 and 2 NOT YET re-measured with it.
+
 Two threads per role (both stages at 2 threads: float order moves the warm-up), measured so
 far for the weakest seed only: Qwen2 seed 2, 39.4 % -> 58.8 %, 267 / 73, p = 2.0e-27. NOT YET
 MEASURED at two threads: Qwen2 seeds 0 and 1, Qwen3 seeds 0-2.
