@@ -162,13 +162,14 @@ class HFEngine:
         [] when nothing is queued. Sample k of a group is drawn with seed `seed + k`."""
         if not self._queue:
             return []
-        first = self._queue[0]
-        shape = (first.n, first.max_new_tokens, first.temperature)
+        def shape(r: GroupRequest) -> tuple[int, int, float]:
+            return r.n, r.max_new_tokens, r.temperature
+
+        first = shape(self._queue[0])
         batch = []
-        while self._queue and (self._queue[0].n, self._queue[0].max_new_tokens,
-                               self._queue[0].temperature) == shape:
+        while self._queue and shape(self._queue[0]) == first:
             batch.append(self._queue.popleft())
-        groups = self._generate([(r.prompt, r.seed) for r in batch], *shape)
+        groups = self._generate([(r.prompt, r.seed) for r in batch], *first)
         return [FinishedGroup(r.key, g) for r, g in zip(batch, groups, strict=True)]
 
     @torch.no_grad()
