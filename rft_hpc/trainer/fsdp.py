@@ -19,18 +19,10 @@ sharded policy with its adapter off, so its forward is a collective too.
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 import torch
-from torch.distributed.checkpoint.state_dict import (
-    StateDictOptions,
-    get_model_state_dict,
-    get_optimizer_state_dict,
-    set_model_state_dict,
-    set_optimizer_state_dict,
-)
-from torch.distributed.device_mesh import init_device_mesh
-from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 
 from rft_hpc.config import ExperimentConfig
 from rft_hpc.models.lora import adapter_state
@@ -38,8 +30,9 @@ from rft_hpc.trainer.distributed import DistContext
 from rft_hpc.trainer.optim_state import to_named
 from rft_hpc.trainer.torch_backend import TorchBackend
 
-_FULL = StateDictOptions(full_state_dict=True, cpu_offload=True)
-_TRAINABLE = StateDictOptions(full_state_dict=True, cpu_offload=True, ignore_frozen_params=True)
+# torch.distributed.fsdp and .checkpoint are imported where they are used: together they
+# cost half a CPU-second at every trainer start (sympy, DTensor), and most trainers never
+# shard.
 
 
 def transformer_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
@@ -57,6 +50,9 @@ def shard_model(model: torch.nn.Module, ctx: DistContext,
     (e.g. bfloat16) is FSDP2's mixed precision: parameters are gathered in it, gradients
     reduced in float32, the sharded weights keep their own dtype.
     """
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
+
     mesh = init_device_mesh(ctx.device.type, (ctx.world_size,))
     policy = MixedPrecisionPolicy(param_dtype=compute_dtype, reduce_dtype=torch.float32
                                   if compute_dtype is not None else None)
@@ -72,7 +68,8 @@ def shard_model(model: torch.nn.Module, ctx: DistContext,
 
 def is_sharded(model: torch.nn.Module) -> bool:
     """True when `model` was sharded by `shard_model`."""
-    return isinstance(model, FSDPModule)
+    fsdp = sys.modules.get("torch.distributed.fsdp")  # not imported: nothing was sharded
+    return fsdp is not None and isinstance(model, fsdp.FSDPModule)
 
 
 def full_model_state(model: torch.nn.Module, trainable_only: bool = False,
@@ -80,7 +77,11 @@ def full_model_state(model: torch.nn.Module, trainable_only: bool = False,
     """The full (gathered) state dict on CPU (`trainable_only`: of the parameters that
     require gradients, a LoRA adapter's): a collective of every rank; complete on rank 0,
     empty on the others."""
-    return get_model_state_dict(model, options=_TRAINABLE if trainable_only else _FULL)
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    options = StateDictOptions(full_state_dict=True, cpu_offload=True,
+                               ignore_frozen_params=trainable_only)
+    return get_model_state_dict(model, options=options)
 
 
 def full_optimizer_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
@@ -90,7 +91,13 @@ def full_optimizer_state(model: torch.nn.Module, optimizer: torch.optim.Optimize
     yet has no state to gather (its param groups alone, on every rank)."""
     if not optimizer.state:  # get_optimizer_state_dict would take a zero step to make one
         return to_named(model, optimizer, optimizer.state_dict())
-    return get_optimizer_state_dict(model, optimizer, options=_FULL)
+    from torch.distributed.checkpoint.state_dict import (
+        StateDictOptions,
+        get_optimizer_state_dict,
+    )
+
+    options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+    return get_optimizer_state_dict(model, optimizer, options=options)
 
 
 class FullState:
@@ -114,6 +121,12 @@ class FullState:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Load a full state: the model's, or the optimizer's when this views one (named
         or positional, saved by any backend on any number of ranks: `optim_state`)."""
+        from torch.distributed.checkpoint.state_dict import (
+            StateDictOptions,
+            set_model_state_dict,
+            set_optimizer_state_dict,
+        )
+
         options = StateDictOptions(full_state_dict=True, strict=self.strict)
         if self.optimizer is None:
             set_model_state_dict(self.model, state, options=options)
