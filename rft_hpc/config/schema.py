@@ -127,7 +127,8 @@ class ExplorerConfig(ConfigSection):
 
     steps: int | None = Field(None, ge=1)
     """Explorer steps each explorer runs; null runs as many as the trainer consumes
-    (trainer.steps x trainer.batch_size / (count x tasks_per_step x repeat))."""
+    (trainer.steps x trainer.batch_size / (count x tasks_per_step x repeat)), and more to
+    replace the records the trainer drops as stale (buffer.max_staleness)."""
 
     threads: int | None = Field(None, ge=1)
     """CPU threads of each explorer process (torch intra-op threads); null: the cores of
@@ -181,11 +182,13 @@ class ExplorerConfig(ConfigSection):
         """Records all explorers together write per explorer step."""
         return self.count * self.tasks_per_step * self.repeat
 
-    def total_steps(self, trainer: TrainerConfig) -> int:
-        """`steps`, or enough steps to feed every step of `trainer` once."""
+    def total_steps(self, trainer: TrainerConfig, dropped: int = 0) -> int:
+        """`steps`, or enough steps to feed every step of `trainer` once and to replace the
+        `dropped` records the trainer has dropped as stale (`buffer.max_staleness`)."""
         if self.steps is not None:
             return self.steps
-        return -(-trainer.steps * trainer.batch_size // self.records_per_step())
+        needed = trainer.steps * trainer.batch_size + dropped
+        return -(-needed // self.records_per_step())
 
 
 class TrainerConfig(TrainerBackendFields, ConfigSection):
@@ -355,6 +358,15 @@ class ExperimentConfig(ConfigSection):
     launch: LaunchConfig = Field(default_factory=LaunchConfig)
     """How `rft-hpc submit` runs the roles as Slurm jobs (ignored by `rft-hpc run`, except
     `umask` and `group`)."""
+
+    def replaces_stale_drops(self) -> bool:
+        """Whether the explorers replace the records the trainer drops as stale: they do when
+        their steps are derived from the trainer's (`explorer.steps` null) and the trainer may
+        drop (`buffer.max_staleness` set, `stale: drop`), so that the trainer still gets
+        `trainer.steps` full batches."""
+        buffer = self.buffer
+        return (self.mode == "both" and self.explorer.steps is None
+                and buffer.max_staleness is not None and buffer.stale == "drop")
 
     def stage_configs(self) -> list[tuple[str, ExperimentConfig]]:
         """(name, config) of each stage in order: the base with the stage's keys applied."""

@@ -23,6 +23,7 @@ import numpy as np
 
 from rft_hpc.buffer.writer import SegmentWriter
 from rft_hpc.config import ExperimentConfig
+from rft_hpc.core.json_types import JSONValue
 from rft_hpc.core.retry import io_metrics
 from rft_hpc.core.rundir import RunDir
 from rft_hpc.engines import build_engine
@@ -35,7 +36,13 @@ from rft_hpc.explorer.workflow import RewardFailures, SamplingSettings
 from rft_hpc.ledger.log import LedgerWriter
 from rft_hpc.monitor.metrics import MetricsWriter
 from rft_hpc.pipeline.explorer_side import ExplorerPipeline
-from rft_hpc.runtime.common import StopFlag, load_stage, set_threads, write_heartbeat
+from rft_hpc.runtime.common import (
+    StopFlag,
+    load_stage,
+    read_heartbeat,
+    set_threads,
+    write_heartbeat,
+)
 from rft_hpc.runtime.lifecycle import JobClock
 from rft_hpc.runtime.logs import at_step, setup_logging, step_line
 from rft_hpc.sync.follower import WeightFollower, build_receiver
@@ -46,6 +53,9 @@ log = logging.getLogger(__name__)
 
 REFRESH_SECONDS = 0.05
 """How often a streaming explorer looks for new weights between engine steps."""
+REPLACEMENT_POLL_SECONDS = 0.5
+"""How often an explorer whose steps are written reads the trainer's heartbeat for stale
+drops to replace."""
 
 
 def required_version(step: int, config: ExperimentConfig) -> int:
@@ -127,7 +137,8 @@ class ExplorerLoop:
         self.follower, self.clock, self.stop = follower, clock, stop
         self.engine = workflow.engine
         self.metrics = MetricsWriter(run.metrics, self.role)
-        self.total = config.explorer.total_steps(config.trainer)
+        self.total = self.quota = config.explorer.total_steps(config.trainer)
+        """`total`: the steps to write, the quota raised by replacements for stale drops."""
         self.step = writer.next_step
         """The next step to write (every earlier one is written)."""
         self.ledger = LedgerWriter(run.ledger, self.role, durable=False)
@@ -154,12 +165,12 @@ class ExplorerLoop:
                 follower.refresh()  # between engine steps: requests in flight go on
                 refreshed = time.monotonic()
             while (submitted < self.total and workflow.has_room
-                   and self.engine.version >= required_version(submitted, self.config)):
+                   and self.engine.version >= self.required_version(submitted)):
                 workflow.submit(self.step_tasks(submitted))
                 submitted += 1
                 self.beat("running")  # its steps_in_flight: what a restart would redo
             if not len(workflow):  # nothing in flight: the next step needs newer weights
-                if not follower.wait_for(required_version(submitted, self.config)):
+                if not follower.wait_for(self.required_version(submitted)):
                     break
                 continue
             workflow.advance()
@@ -170,6 +181,39 @@ class ExplorerLoop:
         if len(workflow):
             log.info("%d uncommitted steps in flight dropped (redone after a restart)",
                      len(workflow))
+
+    def required_version(self, step: int) -> int:
+        """The oldest weights `step` may use (`required_version`); a step that replaces
+        stale records (past the quota) needs no newer weights than the quota's last step, so
+        that it never waits for a version that only its own records would let the trainer
+        reach."""
+        return required_version(min(step, self.quota - 1), self.config)
+
+    def await_replacements(self) -> bool:
+        """With its steps written, while the trainer may still drop stale records
+        (`ExperimentConfig.replaces_stale_drops`): wait, heartbeat `done` with
+        `replacing_drops`, until the trainer is done (False) or has dropped enough records
+        for more steps (True, `total` raised). False at once when drops are not replaced."""
+        if not self.config.replaces_stale_drops():
+            return False
+        self.writer.flush()
+        self.writer.wait()  # "done" tells the trainer that every step written is visible
+        self.beat("done", replacing_drops=True)
+        while not self.stop:
+            trainer = read_heartbeat(self.run, "trainer")
+            if trainer.get("status") == "done":
+                return False
+            total = self.config.explorer.total_steps(self.config.trainer,
+                                                     int(trainer.get("dropped_stale") or 0))
+            if total > self.total:
+                log.info("the trainer dropped %s stale records: %d more steps to replace them",
+                         trainer["dropped_stale"], total - self.total)
+                self.total = total
+                return True
+            if not self.clock.next_step_fits():
+                self.stop.out_of_time()
+            self.stop.sleep(REPLACEMENT_POLL_SECONDS)
+        return False
 
     def commit(self, done: CompletedStep) -> None:
         """Write a finished step and account for it (metrics, ledger, heartbeat, log)."""
@@ -208,13 +252,13 @@ class ExplorerLoop:
         log.info("%s after step %d of %d", "finished" if done else f"stopped ({reason})",
                  self.step, self.total)
 
-    def beat(self, status: str) -> None:
+    def beat(self, status: str, **fields: JSONValue) -> None:
         """Replace the heartbeat: step, weights, restarts, and what is in flight."""
         write_heartbeat(self.run, self.role, status=status, step=self.step, total=self.total,
                         version=self.engine.version, started=self.started,
                         start_step=self.start_step, restarts=self.history.restarts,
                         redone=self.history.redone, in_flight=self.workflow.in_flight,
-                        steps_in_flight=len(self.workflow))
+                        steps_in_flight=len(self.workflow), **fields)
 
     def close(self) -> None:
         """Close the metrics and the ledger."""
@@ -256,6 +300,8 @@ def run_explorer(stage_dir: Path, index: int) -> int:
              loop.engine.version)
     try:
         loop.explore()
+        while loop.step >= loop.total and loop.await_replacements():
+            loop.explore()
         loop.finish()
     except BaseException:
         follower.close()

@@ -90,12 +90,17 @@ def write_heartbeat(run: RunDir, role: str, **fields: JSONValue) -> None:
                        "restarts": restarts, **fields}, durable=False)
 
 
+def read_heartbeat(run: RunDir, role: str) -> dict[str, JSONValue]:
+    """A role's last heartbeat (`write_heartbeat`'s fields); {} when it has none."""
+    try:
+        return read_json(run.heartbeat(role))
+    except (OSError, ValueError):
+        return {}
+
+
 def role_status(run: RunDir, role: str) -> str | None:
     """The status in a role's last heartbeat (`running`, `stopped`, `done`), None if none."""
-    try:
-        return read_json(run.heartbeat(role)).get("status")
-    except (OSError, ValueError):
-        return None
+    return read_heartbeat(run, role).get("status")
 
 
 def set_threads(setting: int | None, cpus: list[int] | None = None) -> int:

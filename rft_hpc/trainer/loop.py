@@ -25,7 +25,7 @@ from rft_hpc.eval.heldout import HeldOutEvaluation
 from rft_hpc.ledger.log import LedgerWriter, compact_refs
 from rft_hpc.monitor.metrics import MetricsWriter
 from rft_hpc.pipeline.filters import filter_batch
-from rft_hpc.runtime.common import StopFlag, role_status, write_heartbeat
+from rft_hpc.runtime.common import StopFlag, read_heartbeat, write_heartbeat
 from rft_hpc.runtime.lifecycle import JobClock
 from rft_hpc.runtime.logs import at_step, step_line
 from rft_hpc.sync.publisher import WeightPublisher
@@ -36,8 +36,17 @@ from rft_hpc.trainer.trainer import Trainer
 log = logging.getLogger(__name__)
 
 
-def _explorers_done(run: RunDir, count: int) -> bool:
-    return all(role_status(run, f"explorer-{i}") == "done" for i in range(count))
+def explorers_done(run: RunDir, config: ExperimentConfig, dropped: int) -> bool:
+    """Whether every explorer has written its last step: none is running, and none that
+    waits to replace stale records (`replaces_stale_drops`) owes steps for the `dropped`
+    records the trainer has dropped so far."""
+    owed = config.explorer.total_steps(config.trainer, dropped)
+    for i in range(config.explorer.count):
+        beat = read_heartbeat(run, f"explorer-{i}")
+        if beat.get("status") != "done" or (
+                beat.get("replacing_drops") and beat.get("step", 0) < owed):
+            return False
+    return True
 
 
 def next_batch(reader: BufferReader, n: int, version: int, *, config: ExperimentConfig,
@@ -56,7 +65,8 @@ def next_batch(reader: BufferReader, n: int, version: int, *, config: Experiment
         batch.dropped_stale += part.dropped_stale
         if len(batch) >= n:
             break
-        finished = config.mode == "train" or _explorers_done(run, config.explorer.count)
+        finished = config.mode == "train" or explorers_done(
+            run, config, reader.counters["dropped_stale"])
         if finished and reader.poll() == 0 and reader.pending == 0:
             return batch if len(batch) else None
         if idle is not None:
@@ -136,6 +146,7 @@ class TrainerLoop:
         self.weights_gathered = 0  # times the full weights were taken (sharded: gathered)
         self._weights: tuple[int, dict[str, torch.Tensor]] | None = None  # (step, taken)
         self.started, self.start_step = time.time(), self.step
+        self.beaten_drops = -1  # the stale drops the last heartbeat told the explorers of
 
     def run(self) -> int:
         """Train to `trainer.steps`, until the data ends or until stopped; returns the steps
@@ -284,6 +295,8 @@ class TrainerLoop:
         `sync.idle_publish` seconds write the current weights as files (for an explorer
         that started after the last broadcast), once per version."""
         self.followers.keepalive()
+        if self.reader.counters["dropped_stale"] != self.beaten_drops:
+            self.beat("running", backlog=self.reader.pending)  # explorers replace drops
         if not self.clock.next_step_fits():
             self.stop.out_of_time()
         if self.waiting_since is None:
@@ -338,7 +351,8 @@ class TrainerLoop:
 
     def beat(self, status: str, **fields: JSONValue) -> None:
         """Write the trainer's heartbeat with `status` and its progress."""
+        self.beaten_drops = self.reader.counters["dropped_stale"]
         write_heartbeat(self.rundir, "trainer", status=status, step=self.step, total=self.steps,
                         version=self.version, started=self.started,
                         start_step=self.start_step, restarts=self.history.restarts,
-                        redone=self.history.redone, **fields)
+                        redone=self.history.redone, dropped_stale=self.beaten_drops, **fields)
