@@ -1,14 +1,19 @@
 """The demo and each RL algorithm's example config really learn: the README's demo raises
 held-out accuracy by far more than noise can (at least 15 points), and each algorithm, run
-for 30 steps from the demo's SFT-warmed model, raises held-out greedy accuracy on 200
-two-digit additions by at least 10 points. GRPO with its explorers up to 4 versions ahead
-and an off-policy correction learns as much as the demo's one version ahead without one,
-and GRPO training a rank-8 LoRA adapter beats the starting model by more than noise can.
+for 30 steps from the demo's SFT-warmed model, raises held-out greedy accuracy on the demo's
+500 held-out two-digit additions beyond noise: McNemar's one-sided exact p (the same problems
+before and after, helpers/stats.py) below 0.001, as the real workload's test asks. GRPO with
+its explorers up to 4 versions ahead and an off-policy correction learns as much as the
+demo's one version ahead without one, and GRPO training a rank-8 LoRA adapter beats the
+starting model by more than noise can.
 
-Measured (docs/algorithms.md): +19 to +31 points after 30 steps (two seeds), +22 to +32
-after 50, for every algorithm; the 10-point margin is well inside that. The warm-up (the SFT
-stage of this module's demo run, ~50 % accuracy) is saved once as a model folder, so every
-run starts from the same weights and is measured on the same 200 held-out problems.
+Until 2026-12-06 each algorithm had to gain 10 points on the first 200 problems: measured
++19 to +31 after 30 steps at two seeds (docs/algorithms.md), but at learning seed 2 (one
+thread) the warm-up ends at 41 % and the gains were +10.5 (reinforce++) to +18 (mix): the
+bound sat on the effect, not above the noise (a paired gain on 200 problems has a noise of
+~3.5 points). Figures for every seed and thread count: the learning table (issue 31). The
+warm-up (the SFT stage of this module's demo run, ~50 % accuracy) is saved once as a model
+folder, so every run starts from the same weights and is measured on the same problems.
 """
 
 from __future__ import annotations
@@ -29,11 +34,12 @@ from helpers.stats import mcnemar_p
 from rft_hpc.core.rundir import RunDir, read_jsonl
 
 STEPS = 30
-EVAL_SIZE = 200
-MIN_GAIN = 0.10
-LORA_EVAL_SIZE = 500
-"""The LoRA test's held-out problems: all of the demo's (its warm-up trained on none), since
-200 left its paired test at the edge at one seed (docstring)."""
+EVAL_SIZE = 500
+"""Held-out problems each run is scored on: all of the demo's (its warm-up trained on none)."""
+P_MAX = 1e-3
+"""One-sided McNemar p (helpers/stats.py) below which a run's gain is beyond noise."""
+OFFSET_EVAL_SIZE = 200
+"""The off-policy comparison's problems: the first 200, on which its bound was set."""
 
 # algorithm -> (example config, overrides its RL stage holds, a metric only it logs)
 ALGORITHMS = {
@@ -172,12 +178,12 @@ def trainer_metrics(run: Path) -> list[dict]:
     return [m for m in rows if "loss" in m]
 
 
-def final_answers(run: Path, step: int = STEPS, size: int = EVAL_SIZE) -> list[bool]:
-    """Whether each of the `size` held-out tasks was answered right by the run's weights of
+def final_answers(run: Path, step: int = STEPS, first: int = EVAL_SIZE) -> list[bool]:
+    """Whether each of the `first` held-out tasks was answered right by the run's weights of
     `step` (its final ones), in eval-split order (the trainer's recorded greedy answers)."""
     rows = read_jsonl(run / "stages" / "0-main" / "eval" / "answers" / f"v{step:06d}.jsonl")
-    assert len(rows) == size
-    return [r["reward"] >= 1.0 for r in rows]
+    assert len(rows) == EVAL_SIZE
+    return [r["reward"] >= 1.0 for r in rows[:first]]
 
 
 @pytest.mark.slow
@@ -188,12 +194,15 @@ def test_a_short_rl_run_raises_held_out_accuracy(rl_run: Callable[..., Path],
     config, extra, metric = ALGORITHMS[algorithm]
     run = rl_run(algorithm, config, *extra)
     ev = json.loads((run / "summary.json").read_text())["eval"]
+    p, b, c = mcnemar_p(final_answers(run, 0), final_answers(run))
     print(f"{algorithm}: held-out accuracy {ev['initial_accuracy']:.3f} -> "
-          f"{ev['final_accuracy']:.3f} in {STEPS} steps")
-    record(algorithm, before=ev["initial_accuracy"], after=ev["final_accuracy"])
+          f"{ev['final_accuracy']:.3f} in {STEPS} steps; {b} right after only, {c} before "
+          f"only, one-sided p = {p:.2g}")
+    record(algorithm, before=ev["initial_accuracy"], after=ev["final_accuracy"], b=b, c=c,
+           p=p)
     trained = trainer_metrics(run)
     assert len(trained) == STEPS and all(metric in m for m in trained)
-    assert ev["final_accuracy"] - ev["initial_accuracy"] >= MIN_GAIN, ev
+    assert ev["final_accuracy"] > ev["initial_accuracy"] and p < P_MAX, (ev, b, c, p)
 
 
 @pytest.mark.slow
@@ -212,10 +221,8 @@ def test_grpo_training_a_rank_8_lora_adapter_raises_held_out_accuracy(
     45.2 % -> 59.4 % (128 / 57, p = 9.5e-8), seed 2 44.8 % -> 59.8 % (109 / 34, p = 1.2e-10)
     (tools/learning_table.py; seed 1 from the same run outside it); two threads, seed 1:
     45.2 % -> 61.0 % (130 / 51, p = 1.9e-9)."""
-    run = rl_run("grpo-lora", "grpo.yaml", "model.lora={rank: 8}", "trainer.lr=3e-4",
-                 f"tasks.eval_size={LORA_EVAL_SIZE}")
-    p, b, c = mcnemar_p(final_answers(run, 0, LORA_EVAL_SIZE),
-                        final_answers(run, size=LORA_EVAL_SIZE))
+    run = rl_run("grpo-lora", "grpo.yaml", "model.lora={rank: 8}", "trainer.lr=3e-4")
+    p, b, c = mcnemar_p(final_answers(run, 0), final_answers(run))
     ev = json.loads((run / "summary.json").read_text())["eval"]
     print(f"grpo + lora rank 8: held-out accuracy {ev['initial_accuracy']:.3f} -> "
           f"{ev['final_accuracy']:.3f}, wrong -> right {b}, right -> wrong {c}, p = {p:.3g}")
@@ -233,9 +240,9 @@ def test_four_steps_off_policy_with_correction_learns_as_much_as_one_step_off(
         rl_run: Callable[..., Path]) -> None:
     """GRPO with the explorers up to 4 versions ahead and truncated importance sampling
     learns at least as much as the demo's one step ahead without correction: on the same
-    held-out problems, McNemar's exact test finds the offset-1 run's final answers no better
-    (one-sided p >= 0.01), and the offset-4 run's own gain is beyond noise (p < 0.001 against
-    its start) and at least MIN_GAIN. Its rollouts were really stale (a batch more than 2
+    held-out problems (the first 200), McNemar's exact test finds the offset-1 run's final
+    answers no better (one-sided p >= 0.01), and the offset-4 run's own gain is beyond noise
+    (p < 0.001 against its start, on all 500). Its rollouts were really stale (a batch more than 2
     versions behind, none past the 5 versions the correction keeps), its mismatch metrics
     nonzero, and report.png plots them in a third panel.
 
@@ -251,7 +258,8 @@ def test_four_steps_off_policy_with_correction_learns_as_much_as_one_step_off(
     # trained with their log-probs taken under the current weights, not their own (p = 0.026)
     far = rl_run("grpo-offset4-tis", "grpo.yaml", "sync.offset=4", "buffer.max_staleness=5",
                  "algorithm.correction={type: tis, cap: 2.0}")
-    p, b, c = mcnemar_p(final_answers(far), final_answers(near))
+    p, b, c = mcnemar_p(final_answers(far, first=OFFSET_EVAL_SIZE),
+                        final_answers(near, first=OFFSET_EVAL_SIZE))
     gain_p, gained, lost = mcnemar_p(final_answers(far, 0), final_answers(far))
     accuracy = {name: json.loads((run / "summary.json").read_text())["eval"]
                 for name, run in (("offset 1", near), ("offset 4 + tis", far))}
@@ -269,8 +277,7 @@ def test_four_steps_off_policy_with_correction_learns_as_much_as_one_step_off(
     assert 2 < lag <= 5, f"the offset-4 run trained on rollouts at most {lag} versions old"
     assert len(kl) == STEPS and all(k > 0 for k in kl), kl
     assert p >= 0.01, f"offset 1 learned more than offset 4 with correction (p = {p:.3g})"
-    assert gain_p < 0.001, f"offset 4's gain is within noise (p = {gain_p:.3g})"
-    assert far_ev["final_accuracy"] - far_ev["initial_accuracy"] >= MIN_GAIN, far_ev
+    assert gain_p < P_MAX, f"offset 4's gain is within noise (p = {gain_p:.3g})"
     # three panels at 100 dpi: the PNG's IHDR width is 1600 px (two panels: 1100)
     png = (far / "report.png").read_bytes()
     assert png[:8] == b"\x89PNG\r\n\x1a\n" and int.from_bytes(png[16:20], "big") == 1600
