@@ -50,7 +50,8 @@ sampling's draws; 2026-12-06, same regime), seed 0, one thread: Qwen2 42.1 % -> 
 311 / 34, p = 1.9e-57; Qwen3 51.3 % -> 75.2 %, 283 / 44, p = 3.4e-44 (the warm-up ends
 elsewhere too: grouped-query attention without the key/value copy, another float order).
 Seed 1: Qwen2 44.3 % -> 70.0 %, 297 / 40, p = 5.8e-50; Qwen3 68.9 % -> 99.9 %, 310 / 0,
-p = 4.8e-94. Seed 2 NOT YET re-measured with it.
+p = 4.8e-94. Seed 2: Qwen2 37.0 % -> 46.9 %, 208 / 109, p = 1.4e-8 (the weakest cell, as
+before: its warm-up ends lowest); Qwen3 48.1 % -> 67.4 %, 247 / 54, p = 6.0e-31.
 
 Two threads per role (both stages at 2 threads: float order moves the warm-up), measured so
 far for the weakest seed only: Qwen2 seed 2, 39.4 % -> 58.8 %, 267 / 73, p = 2.0e-27. NOT YET
