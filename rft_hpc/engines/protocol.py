@@ -13,7 +13,9 @@ from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
     import torch
+    from transformers import PreTrainedTokenizerBase
 
+    from rft_hpc.config.prompt import PromptConfig
     from rft_hpc.engines.requests import Completion, FinishedGroup, GroupRequest
     from rft_hpc.tasks.task import Task
 
@@ -27,6 +29,11 @@ class InferenceEngine(Protocol):
     T)`, at T = 1 when greedy) as the trainer recomputes them; `load_weights` replaces every
     weight at once (or raises and says why) and sets `version`.
     """
+
+    tokenizer: PreTrainedTokenizerBase
+    """The model folder's tokenizer (its chat template included)."""
+    prompt: PromptConfig
+    """How `prompt_ids` builds a prompt: raw text, or the chat template's rendering."""
 
     @property
     def version(self) -> int:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -24,6 +24,7 @@ from rft_hpc.config.workflow import MultiTurnWorkflow
 from rft_hpc.engines.protocol import InferenceEngine
 from rft_hpc.engines.requests import Completion
 from rft_hpc.envs.worker import Cancelled, EnvError, EnvTimeout, EnvValue, EnvWorker
+from rft_hpc.tasks.chat_turns import ChatTurns
 from rft_hpc.tasks.task import Task
 
 if TYPE_CHECKING:
@@ -32,11 +33,34 @@ if TYPE_CHECKING:
 
 class SerialEngine:
     """An engine shared by the task threads (an `InferenceEngine` itself): one generation,
-    tokenization or weight load at a time."""
+    tokenization or weight load at a time. It also builds the turns of a trajectory: raw
+    text, or with prompt format chat the chat template's turns, token in and token out
+    (`tasks.chat_turns`)."""
 
     def __init__(self, engine: InferenceEngine) -> None:
         self._engine = engine
         self._lock = threading.Lock()
+        self.tokenizer = engine.tokenizer
+        self.prompt = engine.prompt
+        self.chat = ChatTurns(engine.tokenizer) if engine.prompt.format == "chat" else None
+        """The chat template's turns (None: raw text)."""
+
+    def first_turn(self, task: Task, observation: str) -> list[int]:
+        """Token ids of a trajectory's first observation: raw text (with the tokenizer's
+        special tokens), or the chat that opens with it as the user's message (after
+        `prompt.system_prompt`) and the assistant's generation prompt."""
+        with self._lock:
+            return self._engine.prompt_ids(replace(task, prompt=observation, messages=None))
+
+    def next_turn(self, sampled: Sequence[int], observation: str) -> list[int]:
+        """Token ids that follow the policy's turn `sampled` with the environment's
+        `observation`: its raw text, or the turn's closing tokens and the observation as a
+        user message with the next generation prompt (never the policy's tokens)."""
+        with self._lock:
+            if self.chat is None:
+                return self._engine.plain_tokens(observation) if observation else []
+            return self.chat.close_turn(sampled) + self.chat.messages(
+                [{"role": "user", "content": observation}])
 
     @property
     def version(self) -> int:
@@ -191,8 +215,8 @@ def _play(engine: SerialEngine, worker: EnvWorker, task: Task, workflow: MultiTu
     budget = _Budget(workflow.max_timeout)
     trajectories = []
     for i in range(turn.repeat):
-        prompt = engine.encode(str(budget.call(worker, "reset", i, task, _seed(seed, i),
-                                               cancel=cancel)))
+        prompt = engine.first_turn(task, str(budget.call(worker, "reset", i, task,
+                                                         _seed(seed, i), cancel=cancel)))
         trajectories.append(_Trajectory(list(prompt), [0] * len(prompt), [0.0] * len(prompt),
                                         len(prompt), version))
     active = list(range(turn.repeat))
@@ -220,7 +244,7 @@ def _play(engine: SerialEngine, worker: EnvWorker, task: Task, workflow: MultiTu
             traj.turns += 1
             traj.done = done
             if not done and t + 1 < workflow.max_turns:
-                feedback = engine.plain_tokens(observation) if observation else []
+                feedback = engine.next_turn(completion.tokens, str(observation or ""))
                 if limit is not None and (len(traj.tokens) + len(feedback)
                                           + turn.max_new_tokens > limit):
                     traj.truncated = True  # the next turn would not fit
