@@ -99,11 +99,12 @@ def _read(content: str, raw_calls: list[Any], arguments_key: str) -> ParsedTurn:
 
 
 def tool_syntax(tokenizer: PreTrainedTokenizerBase) -> Syntax:
-    """The tool-call syntax of a tokenizer's family: the first whose special token its
-    vocabulary holds (UserError when none does)."""
+    """The tool-call syntax of a tokenizer's family: the first whose marker its vocabulary
+    holds as a token or its chat template writes (UserError when none)."""
     vocab = tokenizer.get_vocab()
+    template = str(getattr(tokenizer, "chat_template", None) or "")
     for syntax, marker in SYNTAX_MARKERS.items():
-        if marker in vocab:
+        if marker in vocab or marker in template:
             return syntax
     raise UserError("the model's tokenizer has none of the tool-call tokens "
                     f"({', '.join(SYNTAX_MARKERS.values())}): set the tool syntax in the "

@@ -7,7 +7,13 @@ from __future__ import annotations
 import pytest
 
 from rft_hpc.core.errors import UserError
-from rft_hpc.tasks.tool_calls import ToolCall, load_tool, parse_tool_calls, tool_schema
+from rft_hpc.tasks.tool_calls import (
+    ToolCall,
+    load_tool,
+    parse_tool_calls,
+    tool_schema,
+    tool_syntax,
+)
 
 
 def lookup(city: str, year: int = 2020) -> str:
@@ -83,3 +89,21 @@ def test_a_tools_schema_comes_from_its_signature_and_docstring():
         load_tool("no_such_module:fn")
     with pytest.raises(UserError, match="not a function"):
         load_tool("test_tool_calls:CALL")
+
+
+class _Tokenizer:
+    """What `tool_syntax` reads of a tokenizer: its vocabulary and chat template."""
+
+    def __init__(self, vocab: list[str], template: str = "") -> None:
+        self.vocab, self.chat_template = vocab, template
+
+    def get_vocab(self) -> dict[str, int]:
+        return {t: i for i, t in enumerate(self.vocab)}
+
+
+def test_the_syntax_is_known_by_the_vocabulary_or_the_template():
+    assert tool_syntax(_Tokenizer(["a", "[TOOL_CALLS]"])) == "mistral"
+    assert tool_syntax(_Tokenizer(["a"], "{{ '<tool_call>' }}")) == "hermes"
+    assert tool_syntax(_Tokenizer(["<|python_tag|>"])) == "llama3"
+    with pytest.raises(UserError, match="none of the tool-call tokens"):
+        tool_syntax(_Tokenizer(["a"], "{{ messages }}"))
