@@ -30,9 +30,10 @@ if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
 Syntax = Literal["hermes", "llama3", "mistral"]
-SYNTAX_MARKERS: dict[Syntax, str] = {"hermes": "<tool_call>", "mistral": "[TOOL_CALLS]",
-                                     "llama3": "<|python_tag|>"}
-"""A special token of each syntax, by which `tool_syntax` knows a tokenizer's."""
+SYNTAX_MARKERS: dict[Syntax, tuple[str, ...]] = {
+    "hermes": ("<tool_call>",), "mistral": ("[TOOL_CALLS]",),
+    "llama3": ("<|python_tag|>", "<|start_header_id|>ipython")}
+"""Tokens or template text of each syntax, by which `tool_syntax` knows a tokenizer's."""
 
 _HERMES = re.compile(r"<tool_call>(.*?)(?:</tool_call>|$)", re.DOTALL)
 
@@ -62,7 +63,7 @@ def parse_tool_calls(text: str, syntax: Syntax) -> ParsedTurn:
         blocks = _HERMES.findall(text)
         return _read(_HERMES.sub("", text).strip(), blocks, "arguments")
     if syntax == "mistral":
-        head, marker, rest = text.partition(SYNTAX_MARKERS["mistral"])
+        head, marker, rest = text.partition("[TOOL_CALLS]")
         if not marker:
             return ParsedTurn(text.strip())
         try:
@@ -72,7 +73,7 @@ def parse_tool_calls(text: str, syntax: Syntax) -> ParsedTurn:
         if not isinstance(listed, list):
             return ParsedTurn(head.strip(), malformed=["[TOOL_CALLS] is not a JSON list"])
         return _read(head.strip(), listed, "arguments")
-    body = text.replace(SYNTAX_MARKERS["llama3"], "").strip()
+    body = text.replace("<|python_tag|>", "").strip()
     if not body.startswith("{"):
         return ParsedTurn(text.strip())
     return _read("", [body], "parameters")
@@ -103,12 +104,12 @@ def tool_syntax(tokenizer: PreTrainedTokenizerBase) -> Syntax:
     holds as a token or its chat template writes (UserError when none)."""
     vocab = tokenizer.get_vocab()
     template = str(getattr(tokenizer, "chat_template", None) or "")
-    for syntax, marker in SYNTAX_MARKERS.items():
-        if marker in vocab or marker in template:
+    for syntax, markers in SYNTAX_MARKERS.items():
+        if any(m in vocab or m in template for m in markers):
             return syntax
     raise UserError("the model's tokenizer has none of the tool-call tokens "
-                    f"({', '.join(SYNTAX_MARKERS.values())}): set the tool syntax in the "
-                    "config")
+                    f"({', '.join(m for ms in SYNTAX_MARKERS.values() for m in ms)}): set the "
+                    "tool syntax in the config")
 
 
 def load_tool(spec: str) -> Callable[..., Any]:
