@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import model_validator
+from pydantic import Field, model_validator
 
 from rft_hpc.core.config_section import ConfigSection
 
@@ -26,8 +26,20 @@ class PromptConfig(ConfigSection):
     """With format chat: end the prompt with the template's opening of the assistant's turn
     (what instruction-tuned models expect before they answer)."""
 
+    tools: list[str] = Field(default_factory=list)
+    """With format chat: the tools the policy may call, each `package.module:function`.
+    Their JSON schemas (from each function's signature and docstring) go to the chat
+    template's `tools` argument in every role's prompts; a multi-turn workflow runs the
+    calls (docs/multi-turn.md)."""
+
     @model_validator(mode="after")
     def _chat_settings_need_chat(self) -> PromptConfig:
         if self.format == "raw" and self.system_prompt is not None:
             raise ValueError("system_prompt needs format: chat (a raw prompt has no roles)")
+        if self.format == "raw" and self.tools:
+            raise ValueError("tools need format: chat (the chat template tells the model "
+                             "about them)")
+        for spec in self.tools:
+            if ":" not in spec:
+                raise ValueError(f"tool {spec!r}: write package.module:function")
         return self

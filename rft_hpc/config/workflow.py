@@ -44,6 +44,10 @@ class MultiTurnWorkflow(ConfigSection):
     attempt fails as a timeout. Starting the worker and building its environments has a
     budget of its own of the same length (at least 10 s)."""
 
+    tool_timeout: float = Field(10.0, gt=0.0)
+    """Seconds one tool call (`prompt.tools`) may take; past it the call is answered with
+    an error and counted in `tool_timeouts`."""
+
     max_retry_times: int = Field(1, ge=0)
     """Attempts after the first for a task whose environment raised, died or timed out;
     a task that fails every attempt is given up (its records are placeholders that train
@@ -58,7 +62,8 @@ class MultiTurnWorkflow(ConfigSection):
         return name
 
 
-BUILTIN_ENVS: dict[str, str] = {"guess": "rft_hpc.envs.guess:GuessEnv"}
+BUILTIN_ENVS: dict[str, str] = {"guess": "rft_hpc.envs.guess:GuessEnv",
+                                "answer": "rft_hpc.envs.answer:AnswerEnv"}
 """The environments `explorer.workflow.env` may name without an import path, and where each
 is (the config checks names against this table without importing the environments)."""
 

@@ -14,22 +14,29 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from rft_hpc.core.plugins import import_callable, resolve
 from rft_hpc.tasks.task import Task
+
+Message = dict[str, str]
+"""A chat message: `{"role": ..., "content": ...}`."""
 
 
 @dataclass(frozen=True)
 class StepResult:
     """What the environment answers to one action."""
 
-    observation: str
-    """Text appended to the conversation after the action (feedback); may be empty."""
+    observation: str | list[Message]
+    """Text appended to the conversation after the action (feedback; may be empty): in chat
+    format the user's next message. Or chat messages (tool results: role `tool`)."""
     reward: float
     """Reward of this turn; a trajectory's reward is the sum over its turns."""
     done: bool
     """True when the episode is over (no more turns)."""
+    counts: dict[str, int] = field(default_factory=dict)
+    """What happened in this turn, counted (tool calls, errors, timeouts ...): summed over
+    the trajectory into its record's info and over the step into the metrics."""
 
 
 class Environment(ABC):

@@ -22,9 +22,9 @@ from multiprocessing.context import BaseContext
 
 from rft_hpc.core.forkserver import forkserver_context
 
-EnvValue = str | tuple[str, float, bool] | None
+EnvValue = str | tuple[str | list[dict[str, str]], float, bool, dict[str, int]] | None
 """What a worker answers: `reset`'s first observation, `step`'s (observation, reward,
-done), None once it has built its environments."""
+done, counts), None once it has built its environments."""
 
 
 class EnvError(Exception):
@@ -65,10 +65,13 @@ def _serve(conn: Connection, name: str, args: dict[str, object], count: int) -> 
         try:
             value = getattr(envs[index], method)(*call_args)
             if isinstance(value, StepResult):
-                value = (str(value.observation), float(value.reward), bool(value.done))
+                observation = value.observation if isinstance(value.observation, list) \
+                    else str(value.observation)
+                value = (observation, float(value.reward), bool(value.done),
+                         dict(value.counts))
             elif method == "step":
                 observation, reward, done = value  # a plain (obs, reward, done) tuple
-                value = (str(observation), float(reward), bool(done))
+                value = (str(observation), float(reward), bool(done), {})
             conn.send(("ok", value))
         except Exception as exc:  # an environment's error costs its task only
             conn.send(("error", f"{type(exc).__name__}: {exc}"))

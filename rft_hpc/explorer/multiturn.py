@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
@@ -23,12 +24,17 @@ from rft_hpc.buffer.records import Experience
 from rft_hpc.config.workflow import MultiTurnWorkflow
 from rft_hpc.engines.protocol import InferenceEngine
 from rft_hpc.engines.requests import Completion
+from rft_hpc.envs.base import Message
 from rft_hpc.envs.worker import Cancelled, EnvError, EnvTimeout, EnvValue, EnvWorker
 from rft_hpc.tasks.chat_turns import ChatTurns
 from rft_hpc.tasks.task import Task
+from rft_hpc.tasks.tool_calls import tool_syntax
 
 if TYPE_CHECKING:
     import torch
+    from transformers import PreTrainedTokenizerBase
+
+    from rft_hpc.config.prompt import PromptConfig
 
 
 class SerialEngine:
@@ -52,15 +58,32 @@ class SerialEngine:
         with self._lock:
             return self._engine.prompt_ids(replace(task, prompt=observation, messages=None))
 
-    def next_turn(self, sampled: Sequence[int], observation: str) -> list[int]:
+    def next_turn(self, sampled: Sequence[int], observation: str | list[Message]) -> list[int]:
         """Token ids that follow the policy's turn `sampled` with the environment's
-        `observation`: its raw text, or the turn's closing tokens and the observation as a
-        user message with the next generation prompt (never the policy's tokens)."""
+        `observation`: its raw text, or the turn's closing tokens and the observation (a user
+        message, or the messages given: tool results) with the next generation prompt;
+        never the policy's tokens."""
         with self._lock:
             if self.chat is None:
+                if isinstance(observation, list):
+                    raise EnvError("the environment answered with chat messages: they need "
+                                   "prompt.format chat")
                 return self._engine.plain_tokens(observation) if observation else []
-            return self.chat.close_turn(sampled) + self.chat.messages(
-                [{"role": "user", "content": observation}])
+            messages = observation if isinstance(observation, list) else [
+                {"role": "user", "content": observation}]
+            return self.chat.close_turn(sampled) + self.chat.messages(messages)
+
+    def action_text(self, completion: Completion) -> str:
+        """What the environment is given of a policy turn: its text, or with `prompt.tools`
+        its text with special tokens kept (a family's tool-call marker may be one, as
+        Mistral's `[TOOL_CALLS]`), its end-of-turn token left out."""
+        if not self.prompt.tools:
+            return completion.text
+        tokens = list(completion.tokens)
+        if self.chat is not None and tokens and tokens[-1] == self.chat.end_of_turn:
+            tokens = tokens[:-1]
+        with self._lock:
+            return self.tokenizer.decode(tokens, skip_special_tokens=False)
 
     @property
     def version(self) -> int:
@@ -105,6 +128,17 @@ class SerialEngine:
             self._engine.close()
 
 
+def with_tools(workflow: MultiTurnWorkflow, prompt: PromptConfig,
+               tokenizer: PreTrainedTokenizerBase) -> MultiTurnWorkflow:
+    """`workflow` with its environment wrapped in `envs.tools.ToolEnv` when `prompt.tools`
+    names tools (their calls read in the syntax of the tokenizer's family); else itself."""
+    if not prompt.tools:
+        return workflow
+    return workflow.model_copy(update={"env": "rft_hpc.envs.tools:ToolEnv", "env_args": {
+        "tools": list(prompt.tools), "syntax": tool_syntax(tokenizer), "env": workflow.env,
+        "env_args": dict(workflow.env_args), "call_timeout": workflow.tool_timeout}})
+
+
 @dataclass(frozen=True)
 class TurnSettings:
     """Sampling of each policy turn."""
@@ -140,6 +174,7 @@ class _Trajectory:
     done: bool = False
     truncated: bool = False
     actions: list[str] = field(default_factory=list)
+    counts: Counter[str] = field(default_factory=Counter)
 
     def add(self, tokens: Sequence[int], mask: int, logprobs: Sequence[float] | None) -> None:
         self.tokens.extend(tokens)
@@ -238,13 +273,14 @@ def _play(engine: SerialEngine, worker: EnvWorker, task: Task, workflow: MultiTu
             traj = trajectories[i]
             traj.add(completion.tokens, 1, completion.logprobs)
             traj.actions.append(completion.text)
-            observation, reward, done = budget.call(worker, "step", i, completion.text,
-                                                    cancel=cancel)
+            observation, reward, done, counts = budget.call(
+                worker, "step", i, engine.action_text(completion), cancel=cancel)
             traj.reward += reward
             traj.turns += 1
+            traj.counts.update(counts)
             traj.done = done
             if not done and t + 1 < workflow.max_turns:
-                feedback = engine.next_turn(completion.tokens, str(observation or ""))
+                feedback = engine.next_turn(completion.tokens, observation or "")
                 if limit is not None and (len(traj.tokens) + len(feedback)
                                           + turn.max_new_tokens > limit):
                     traj.truncated = True  # the next turn would not fit
@@ -265,5 +301,5 @@ def _experience(traj: _Trajectory, task: Task, group_id: int, step: int,
         task_id=task.task_id, group_id=group_id, taskset=task.taskset,
         policy_version=traj.version, step=step,
         info={"turns": traj.turns, "done": traj.done, "truncated": traj.truncated,
-              "actions": traj.actions,
+              "actions": traj.actions, **traj.counts,
               "attempt": attempt, "finished": traj.done})

@@ -27,7 +27,13 @@ from rft_hpc.config.workflow import MultiTurnWorkflow, OverRolloutConfig
 from rft_hpc.core.rundir import read_json
 from rft_hpc.engines.protocol import InferenceEngine
 from rft_hpc.envs.base import check_env
-from rft_hpc.explorer.multiturn import SerialEngine, TaskOutcome, TurnSettings, run_task
+from rft_hpc.explorer.multiturn import (
+    SerialEngine,
+    TaskOutcome,
+    TurnSettings,
+    run_task,
+    with_tools,
+)
 from rft_hpc.explorer.protocols import CompletedStep, StepTasks
 from rft_hpc.tasks.task import Task
 
@@ -59,8 +65,9 @@ class MultiTurnExplorer:
         `over_rollout/lost_on_restart` at the first step."""
         self.engine = engine if isinstance(engine, SerialEngine) else SerialEngine(engine)
         """The engine the task threads share (new weights go in through it)."""
-        self.workflow, self.turn = workflow, turn
         check_env(workflow.env, workflow.env_args)  # a bad name or env_args: UserError now
+        self.workflow = with_tools(workflow, self.engine.prompt, self.engine.tokenizer)
+        self.turn = turn
         self.over_rollout = over_rollout
         self._in_flight: list[_Running] = []
         self._done: queue.Queue[_Running] = queue.Queue()
@@ -213,7 +220,8 @@ class MultiTurnExplorer:
                 reward_mean=float(rewards.mean()), reward_std=float(rewards.std()),
                 response_length=float(np.mean([int(e.response_mask.sum()) for e in trained])),
                 turns=float(np.mean([e.info["turns"] for e in trained])),
-                finished=float(np.mean([e.info["done"] for e in trained])))
+                finished=float(np.mean([e.info["done"] for e in trained])),
+                **tool_metrics(trained))
         return experiences, metrics
 
     def close(self) -> None:
@@ -221,3 +229,20 @@ class MultiTurnExplorer:
         still count in `in_flight`, which the last heartbeat reports as lost."""
         for r in self._in_flight:
             r.cancel.set()
+
+
+TOOL_COUNTS = ("tool_calls", "tool_errors", "tool_timeouts", "malformed_calls")
+"""What `envs.tools.ToolEnv` counts in each trajectory's info."""
+
+
+def tool_metrics(trajectories: list[Experience]) -> dict[str, float]:
+    """A step's tool use: each count summed over its trajectories, and of the calls the
+    share that succeeded and the share that was malformed; nothing when none called."""
+    totals = {k: float(sum(e.info.get(k, 0) for e in trajectories)) for k in TOOL_COUNTS}
+    calls = totals["tool_calls"]
+    if not calls:
+        return {}
+    failed = totals["tool_errors"] + totals["tool_timeouts"] + totals["malformed_calls"]
+    return {**{f"tools/{k}": v for k, v in totals.items()},
+            "tools/success_rate": (calls - failed) / calls,
+            "tools/malformed_rate": totals["malformed_calls"] / calls}

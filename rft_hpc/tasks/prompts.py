@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 from rft_hpc.config.prompt import PromptConfig
 from rft_hpc.core.errors import UserError
 from rft_hpc.tasks.task import Task
+from rft_hpc.tasks.tool_calls import tool_schemas
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -40,7 +41,8 @@ def prompt_text(tokenizer: PreTrainedTokenizerBase, task: Task, fmt: PromptConfi
         raise UserError("prompt.format is chat, but the model's tokenizer has no chat "
                         "template (tokenizer_config.json chat_template): use format raw or a "
                         "model folder with a template")
-    return tokenizer.apply_chat_template(chat_messages(task, fmt), tokenize=False,
+    tools = tool_schemas(tuple(fmt.tools)) or None
+    return tokenizer.apply_chat_template(chat_messages(task, fmt), tools=tools, tokenize=False,
                                          add_generation_prompt=fmt.add_generation_prompt)
 
 

@@ -17,6 +17,7 @@ malformed with the reason, for the environment to answer and the metrics to coun
 
 from __future__ import annotations
 
+import functools
 import importlib
 import json
 import re
@@ -133,3 +134,10 @@ def tool_schema(fn: Callable[..., Any]) -> dict[str, Any]:
         return get_json_schema(fn)
     except Exception as exc:  # transformers' own errors name the argument that lacks a hint
         raise UserError(f"tool {fn.__module__}:{fn.__name__}: {exc}") from exc
+
+
+@functools.cache
+def tool_schemas(specs: tuple[str, ...]) -> list[dict[str, Any]]:
+    """The JSON schemas of the tools `specs` names (`prompt.tools`), in order; loaded once
+    per process."""
+    return [tool_schema(load_tool(spec)) for spec in specs]

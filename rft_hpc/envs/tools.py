@@ -1,0 +1,81 @@
+"""Tool use as an environment. The policy's turn is read for tool calls in its family's
+syntax (`rft_hpc.tasks.tool_calls`); each call runs as the Python function `prompt.tools`
+names, within `call_timeout` seconds, and its result, or why it failed, comes back as a
+`tool` message. A turn without a call goes to the environment the tools wrap (by default
+`answer`: the turn is the policy's answer, scored by the task's reward).
+
+The calls run in the environment's worker process (`rft_hpc.envs.worker`), each in a thread
+of its own: a call past its time is answered with an error and left behind (the worker is
+killed when the task's attempt ends or overruns `max_timeout`, which a hung call cannot
+outlive). Each turn counts `tool_calls`, `tool_errors` (unknown tool, raised), `tool_timeouts`
+and `malformed_calls` (unreadable, answered with the reason; counted in `tool_calls` too).
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from rft_hpc.envs.base import Environment, Message, StepResult, build_env
+from rft_hpc.tasks.task import Task
+from rft_hpc.tasks.tool_calls import Syntax, ToolCall, load_tool, parse_tool_calls
+
+
+class ToolEnv(Environment):
+    """Runs the policy's tool calls; hands its other turns to the wrapped environment."""
+
+    def __init__(self, tools: list[str], syntax: Syntax, env: str = "answer",
+                 env_args: dict[str, object] | None = None, call_timeout: float = 10.0) -> None:
+        self.tools: dict[str, Callable[..., Any]] = {
+            spec.rpartition(":")[2]: load_tool(spec) for spec in tools}
+        self.syntax = syntax
+        self.env = build_env(env, env_args or {})
+        self.call_timeout = call_timeout
+
+    def reset(self, task: Task, seed: int) -> str:
+        """The wrapped environment's first observation."""
+        return self.env.reset(task, seed)
+
+    def step(self, action: str) -> StepResult:
+        """The calls' results as tool messages (reward 0, not done), or, for a turn
+        without a call, the wrapped environment's step."""
+        turn = parse_tool_calls(action, self.syntax)
+        if not turn.calls and not turn.malformed:
+            return self.env.step(action)
+        counts = {"tool_calls": len(turn.calls) + len(turn.malformed),
+                  "malformed_calls": len(turn.malformed), "tool_errors": 0, "tool_timeouts": 0}
+        messages: list[Message] = [
+            {"role": "tool", "content": f"error: malformed tool call ({reason})"}
+            for reason in turn.malformed]
+        for call in turn.calls:
+            content, outcome = self._run(call)
+            if outcome:
+                counts[outcome] += 1
+            messages.append({"role": "tool", "content": content})
+        return StepResult(messages, 0.0, False, counts)
+
+    def _run(self, call: ToolCall) -> tuple[str, str | None]:
+        """A call's result as text, and what went wrong (a count's name) or None."""
+        fn = self.tools.get(call.name)
+        if fn is None:
+            return (f"error: unknown tool {call.name!r}; tools: {', '.join(self.tools)}",
+                    "tool_errors")
+        result: dict[str, Any] = {}
+
+        def run() -> None:
+            try:
+                result["value"] = fn(**call.arguments)
+            except Exception as exc:  # the tool's fault is the policy's answer, not ours
+                result["error"] = f"{type(exc).__name__}: {exc}"
+
+        thread = threading.Thread(target=run, daemon=True, name=f"tool-{call.name}")
+        thread.start()
+        thread.join(self.call_timeout)
+        if thread.is_alive():
+            return f"error: {call.name} timed out after {self.call_timeout:g} s", "tool_timeouts"
+        if "error" in result:
+            return f"error: {result['error']}", "tool_errors"
+        value = result.get("value")
+        return (value if isinstance(value, str) else json.dumps(value, default=str)), None
