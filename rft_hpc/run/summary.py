@@ -81,7 +81,9 @@ def write_report(run: RunDir, stages: list[dict[str, Any]]) -> Path:
         if index < len(stages) - 1:
             boundaries.append(offset)
     off_policy = bool(series[_MISMATCH] or series[_STALENESS])
-    fig, axes = plt.subplots(1, 3 if off_policy else 2, figsize=(16 if off_policy else 11, 4))
+    tools = _tool_rates(run, stages)
+    panels = 2 + off_policy + bool(tools)
+    fig, axes = plt.subplots(1, panels, figsize=(11 + 5 * (panels - 2), 4))
     ax_r, ax_e = axes[0], axes[1]
     for name, points in series["reward_mean"]:
         ax_r.plot(*zip(*points, strict=True), label=name)
@@ -93,7 +95,9 @@ def write_report(run: RunDir, stages: list[dict[str, Any]]) -> Path:
              ylabel="accuracy", ylim=(0, 1))
     if off_policy:
         _plot_off_policy(axes[2], series[_MISMATCH], series[_STALENESS])
-    for ax in axes:
+    if tools:
+        _plot_tools(axes[-1], tools)
+    for ax in axes[:2 + off_policy]:  # trainer steps: the stage boundaries
         for x in boundaries:
             ax.axvline(x, color="grey", linestyle=":")
         ax.grid(alpha=0.3)
@@ -133,3 +137,32 @@ def _plot_off_policy(ax: Axes, mismatch: list[tuple[str, list[tuple[int, float]]
         ax.legend(own[0] + handles, own[1] + labels, loc="best", fontsize="small")
     elif mismatch:
         ax.legend(loc="best", fontsize="small")
+
+
+_TOOL_RATES = {"tools/success_rate": "tool calls that succeeded",
+               "tools/malformed_rate": "tool calls malformed"}
+
+
+def _tool_rates(run: RunDir, stages: list[dict[str, Any]],
+                ) -> dict[str, list[tuple[int, float]]]:
+    """Each tool-call rate the explorers logged (`explorer.overrollout.tool_metrics`)
+    against the explorer step over all stages; empty when no policy called a tool."""
+    rates: dict[str, list[tuple[int, float]]] = {key: [] for key in _TOOL_RATES}
+    offset = 0
+    for index, stage in enumerate(stages):
+        rows = [r for path in sorted(run.stage(index, stage["name"]).metrics.glob(
+            "explorer-*.jsonl")) for r in read_metrics(path)]
+        for key, points in rates.items():
+            points += [(offset + r["step"], r[key]) for r in rows if r.get(key) is not None]
+        offset += max((r["step"] + 1 for r in rows), default=0)
+    return {key: sorted(points) for key, points in rates.items() if points}
+
+
+def _plot_tools(ax: Axes, rates: dict[str, list[tuple[int, float]]]) -> None:
+    """The tool-call success and malformed-call rates per explorer step."""
+    for key, points in rates.items():
+        ax.plot(*zip(*points, strict=True), marker=".", label=_TOOL_RATES[key])
+    ax.set(title="tool calls", xlabel="explorer step (all stages)", ylabel="share of calls",
+           ylim=(0, 1))
+    ax.grid(alpha=0.3)
+    ax.legend(loc="best", fontsize="small")

@@ -149,3 +149,23 @@ def test_a_policy_that_calls_a_tool_gets_the_result_in_its_familys_format(
         # the policy's second turn is sampled after the result, at mask 1; the rest is 0
         second = np.flatnonzero(mask[start + len(call):])
         assert len(second) > 0 and mask[start + len(call):].sum() == len(second)
+
+
+def test_the_report_plots_the_tool_call_rates(tmp_path):
+    import json
+    import struct
+
+    from rft_hpc.core.rundir import RunDir
+    from rft_hpc.run.summary import write_report
+
+    metrics = tmp_path / "stages" / "0-main" / "metrics"
+    metrics.mkdir(parents=True)
+    (metrics / "trainer.jsonl").write_text(json.dumps({"step": 1, "reward_mean": 0.5}) + "\n")
+    rows = [{"step": s, "tools/success_rate": 0.5, "tools/malformed_rate": 0.25}
+            for s in range(3)]
+    (metrics / "explorer-0.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    png = write_report(RunDir(tmp_path), [{"name": "main", "trainer_steps": 1}]).read_bytes()
+    assert struct.unpack(">I", png[16:20])[0] == 1600  # three panels: the third, tool calls
+    (metrics / "explorer-0.jsonl").write_text("")
+    png = write_report(RunDir(tmp_path), [{"name": "main", "trainer_steps": 1}]).read_bytes()
+    assert struct.unpack(">I", png[16:20])[0] == 1100
