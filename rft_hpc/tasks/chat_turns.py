@@ -53,6 +53,7 @@ class ChatTurns:
                             "turn with a special token (<|im_end|>, <|eot_id|>, </s>, ...)")
         self.end_of_turn = end
         self.probe = self._probe()
+        self._base = self._render(self.probe)  # every message's rendering starts after it
         answered = self._render(PROBES[0])
         tail = answered[answered.rfind(_ANSWER) + len(_ANSWER):]
         eot_text = tokenizer.decode([end])
@@ -72,7 +73,7 @@ class ChatTurns:
         """The template's rendering of `messages` (user or tool messages that follow a
         closed assistant turn) alone, with the generation prompt of the next assistant
         turn."""
-        base = self._render(self.probe)
+        base = self._base
         full = self._render([*self.probe, *messages], add_generation_prompt=True)
         if not full.startswith(base):
             raise UserError("the chat template renders the earlier turns differently once "
