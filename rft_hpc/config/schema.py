@@ -161,9 +161,12 @@ class ExplorerConfig(ConfigSection):
     processes; one that overruns is killed (a hung thread could not be) and its rollout
     scores 0, counted as `reward_timeouts` in the metrics (docs/rewards.md)."""
 
-    reward_workers: int = Field(1, ge=1)
-    """Reward worker processes of each explorer, scoring a step's rollouts in parallel
-    (more help only a slow reward, on spare CPU cores)."""
+    reward_workers: int | None = Field(None, ge=1)
+    """The most reward worker processes of each explorer (and of its rewards computing at
+    once). The explorer starts one and adds workers while calls queue: up to one per core
+    for rewards that compute, more for rewards that wait (a sandbox, a remote judge).
+    null: derived from the explorer's allocation, its cores and its memory
+    (docs/rewards.md)."""
 
     reward_failure_limit: float = Field(0.2, ge=0.0, le=1.0)
     """Share of an explorer's reward calls that may fail (raise, die or time out; each

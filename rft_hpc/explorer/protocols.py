@@ -133,6 +133,12 @@ class Scorer(Protocol):
         (None: until something happens) for one."""
         ...
 
+    @property
+    def size(self) -> int:
+        """Workers it scores with now (processes, replicas): the step metrics'
+        `reward_workers`."""
+        ...
+
     def close(self) -> None:
         """Stop scoring and free what it holds (worker processes, models)."""
         ...

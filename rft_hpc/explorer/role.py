@@ -45,6 +45,7 @@ from rft_hpc.runtime.common import (
 )
 from rft_hpc.runtime.lifecycle import JobClock
 from rft_hpc.runtime.logs import at_step, setup_logging, step_line
+from rft_hpc.runtime.placement import reward_worker_bounds
 from rft_hpc.sync.follower import WeightFollower, build_receiver
 from rft_hpc.sync.weight_files import load_start_weights
 from rft_hpc.tasks.reward_pool import RewardPool
@@ -91,7 +92,8 @@ def single_turn_workflow(config: ExperimentConfig, run: RunDir, role: str,
                          start_engine: EngineStarter) -> Workflow:
     """Streaming single-turn steps (`StepStream`) scored by a `RewardPool`."""
     cfg = config.explorer
-    rewards = RewardPool(cfg.reward_workers, cfg.reward_timeout)  # start while the model loads
+    workers, cores = reward_worker_bounds(cfg.reward_workers)
+    rewards = RewardPool(workers, cfg.reward_timeout, cores=cores)  # starts while the model loads
     failures = RewardFailures(cfg.reward_failure_limit)
     try:
         engine = start_engine()
@@ -104,7 +106,8 @@ def single_turn_workflow(config: ExperimentConfig, run: RunDir, role: str,
                                                  cfg.temperature),
                         rewards, steps_in_flight(config), config.pipeline.dynamic_sampling,
                         failures)
-    log.info("up to %d steps in flight", stream.window)
+    log.info("up to %d steps in flight; up to %d reward workers, %d computing at once",
+             stream.window, workers, cores)
     return stream
 
 

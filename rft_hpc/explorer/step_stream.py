@@ -212,7 +212,8 @@ class StepStream:
             assert st.generated is not None
             metrics.update(generate_seconds=self._engine_seconds,
                            reward_seconds=time.monotonic() - st.generated,
-                           steps_in_flight=float(len(self._steps) + 1))
+                           steps_in_flight=float(len(self._steps) + 1),
+                           reward_workers=float(self.rewards.size))
             if self.dynamic is not None:
                 metrics.update(dynamic_metrics(st))
             self._engine_seconds = 0.0

@@ -76,3 +76,50 @@ def role_threads(setting: int | None, cpus: list[int] | None = None) -> tuple[in
     if shared and shared.isdigit() and int(shared) > 0:
         return int(shared), "this machine's cores shared among the roles of rft-hpc run"
     return available_cores(), "every core of the allocation"
+
+
+WORKER_BYTES = 64 << 20
+"""Memory set aside per reward worker process when the memory bounds their count (a worker
+forked from the fork server holds a few tens of MB of its own)."""
+
+MAX_REWARD_WORKERS = 256
+"""The most reward workers an explorer derives from its allocation."""
+
+
+def available_memory() -> int:
+    """Bytes of memory this process's allocation holds: a Slurm job's (`SLURM_MEM_PER_NODE`,
+    else `SLURM_MEM_PER_CPU` x its cores), else its cgroup's limit, else what the machine
+    has available now."""
+    per_node = os.environ.get("SLURM_MEM_PER_NODE", "")
+    per_cpu = os.environ.get("SLURM_MEM_PER_CPU", "")
+    if per_node.isdigit() and int(per_node) > 0:
+        return int(per_node) << 20
+    if per_cpu.isdigit() and int(per_cpu) > 0:
+        return (int(per_cpu) << 20) * available_cores()
+    try:
+        with open("/sys/fs/cgroup/memory.max") as f:
+            limit = f.read().strip()
+        if limit.isdigit():
+            return int(limit)
+    except OSError:
+        pass
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) << 10
+    except (OSError, ValueError, IndexError):
+        pass
+    return 4 << 30
+
+
+def reward_worker_bounds(setting: int | None) -> tuple[int, int]:
+    """(the most reward workers, the most computing at once) of an explorer:
+    `explorer.reward_workers` for both when set; else its cores for rewards that compute,
+    and for rewards that wait as many as a quarter of its memory holds at `WORKER_BYTES`
+    each (at least its cores, at most `MAX_REWARD_WORKERS`)."""
+    if setting is not None:
+        return setting, setting
+    cores = available_cores()
+    by_memory = available_memory() // (4 * WORKER_BYTES)
+    return max(cores, min(MAX_REWARD_WORKERS, by_memory)), cores

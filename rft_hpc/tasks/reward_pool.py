@@ -16,6 +16,15 @@ worker, so that none waits behind another. Each call has its own time limit, cou
 the reply before it. A call runs in its worker's main thread, so rewards that rely on
 SIGALRM work there too.
 
+How many workers: as many as the calls need, up to a bound. The pool starts one and adds
+more while calls are queued and every worker is busy, judging the calls that are running:
+one that computes (its worker runs, its CPU time grows with the call's time, as the kernel
+counts them in /proc) needs a core, so such calls run at most `cores` at once; one that
+waits (a sleep, a socket: its worker is asleep, its CPU time stands still) needs no core,
+so more run at once, doubling each time, up to `workers`. Workers idle for `IDLE_SECONDS`
+are stopped, the first one excepted. The explorer derives both bounds from its allocation unless
+`explorer.reward_workers` sets them (`runtime.placement.reward_worker_bounds`).
+
 Each outcome says whether the call raised (`error`) or overran (`timed_out`); counting them
 and deciding when too many failed is the caller's business (the explorer,
 `explorer.reward_failure_limit`). The pool is the explorer's reward `Scorer`
@@ -25,6 +34,7 @@ and deciding when too many failed is the caller's business (the explorer,
 from __future__ import annotations
 
 import contextlib
+import os
 import signal
 import time
 from collections import deque
@@ -48,6 +58,16 @@ FAST_CALL_SECONDS = 0.002
 _SLOWEST_DECAY = 0.99
 """Per call, the slowest recent call's time decays by this factor: one slow call keeps
 chunks off for a few hundred calls (a slow call behind another in a chunk waits for it)."""
+
+GROW_AFTER_SECONDS = 0.05
+"""A call running this long is judged computing or waiting (the pool grows only then)."""
+
+WAITING_CPU_SHARE = 0.5
+"""A running call waits when its worker is asleep and used less CPU than this share of the
+call's time (the kernel counts CPU time in ticks of ~10 ms)."""
+
+IDLE_SECONDS = 30.0
+"""A worker idle this long is stopped (the pool keeps one)."""
 
 _PRELOAD = ("rft_hpc.tasks.rewards", "rft_hpc.tasks.math_reward", "rft_hpc.tasks.format_reward")
 
@@ -75,6 +95,21 @@ RewardCall = tuple[Task, str]
 
 def _describe(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}"[:MESSAGE_CHARS]
+
+
+_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+
+def _cpu_seconds(pid: int | None) -> tuple[float, bool]:
+    """CPU seconds process `pid` has used (user + system) and whether it is asleep (state S
+    or D: waiting on a timer, a socket, a disk), from /proc; (+inf, False) where that cannot
+    be read (another OS, a process gone): its calls then count as computing."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            fields = f.read().rpartition(b")")[2].split()
+        return (int(fields[11]) + int(fields[12])) / _TICKS, fields[0] in (b"S", b"D")
+    except (OSError, ValueError, IndexError):
+        return float("inf"), False
 
 
 def _serve(conn: Connection) -> None:
@@ -112,8 +147,11 @@ class _Worker:
         self.busy: deque[tuple[Scoring, int]] = deque()
         """The calls it was sent and has not answered, in order: (their batch, index)."""
         self.deadline = time.monotonic() + START_SECONDS
-        self.since = 0.0
-        """When its oldest unanswered call started (sent, or the reply before it came)."""
+        self.since = time.monotonic()
+        """When its oldest unanswered call started (sent, or the reply before it came);
+        while idle, since when it is."""
+        self.cpu_since = 0.0
+        """The worker's CPU seconds at `since` (`_cpu_seconds`)."""
 
     def send(self, chunk: list[tuple[Scoring, int]], timeout: float) -> bool:
         """Start scoring the calls `chunk` names (each: its batch and index there); False
@@ -123,9 +161,24 @@ class _Worker:
         except (OSError, ValueError):
             return False
         self.busy.extend(chunk)
-        self.since = time.monotonic()
-        self.deadline = self.since + timeout
+        self.mark(timeout)
         return True
+
+    def mark(self, timeout: float) -> None:
+        """A call starts now: its clock, its CPU clock and its deadline."""
+        self.since = time.monotonic()
+        self.cpu_since = _cpu_seconds(self.proc.pid)[0]
+        self.deadline = self.since + timeout
+
+    def waiting(self, now: float) -> bool | None:
+        """Whether its running call waits rather than computes; None while too young to
+        judge (or idle)."""
+        took = now - self.since
+        if not self.busy or took < GROW_AFTER_SECONDS:
+            return None
+        # asleep too: a call starved of a core by others is as slow but runnable (state R)
+        cpu, asleep = _cpu_seconds(self.proc.pid)
+        return asleep and cpu - self.cpu_since < WAITING_CPU_SHARE * took
 
     def close(self, kill: bool = False) -> None:
         """Stop the worker: at once with `kill`, else asked and killed after 0.5 s."""
@@ -167,22 +220,35 @@ class Scoring:
 
 
 class RewardPool:
-    """`workers` reward worker processes; every call is bounded by `timeout` seconds.
+    """Up to `workers` reward worker processes, at most `cores` of them computing at once
+    (default: `workers`); every call is bounded by `timeout` seconds.
 
     `score(calls)` waits for a batch's outcomes; `submit(calls)` hands a batch over and
     returns at once, and `pump()` moves the submitted batches on (the streaming explorer
     calls it between engine steps). Calls are scored in submission order.
     """
 
-    def __init__(self, workers: int = 1, timeout: float = 10.0) -> None:
-        if workers < 1 or timeout <= 0:
-            raise ValueError("a reward pool needs workers >= 1 and a timeout > 0")
+    def __init__(self, workers: int = 1, timeout: float = 10.0, *,
+                 cores: int | None = None) -> None:
+        if workers < 1 or timeout <= 0 or (cores is not None and cores < 1):
+            raise ValueError("a reward pool needs workers >= 1, cores >= 1 and a timeout > 0")
         self.timeout = timeout
+        self.max_workers = workers
+        """The most worker processes (calls that wait run this many at once)."""
+        self.cores = min(workers, cores or workers)
+        """The most calls that compute at once."""
         self.restarts = 0
         """Workers replaced so far (killed after a timeout, or died)."""
-        self._workers = [_Worker() for _ in range(workers)]  # they start while we go on
+        self.peak = 1
+        """The most workers the pool has had at once."""
+        self._workers = [_Worker()]  # it starts while we go on
         self._todo: deque[tuple[Scoring, int]] = deque()
         self._slowest: float | None = None  # the slowest recent call's seconds (decaying)
+
+    @property
+    def size(self) -> int:
+        """Worker processes now (started or starting)."""
+        return len(self._workers)
 
     def score(self, calls: Sequence[RewardCall]) -> list[RewardOutcome]:
         """Each call's outcome, in the order of `calls` (the same whatever the number of
@@ -205,8 +271,9 @@ class RewardPool:
         return bool(self._todo) or any(w.busy for w in self._workers)
 
     def pump(self, timeout: float | None = 0.0) -> None:
-        """Start queued calls on idle workers, then wait up to `timeout` seconds (None: until
-        something happens) for results, timeouts and started workers, and take them in."""
+        """Start queued calls on idle workers (adding workers the calls need, stopping
+        those idle too long), then wait up to `timeout` seconds (None: until something
+        happens) for results, timeouts and started workers, and take them in."""
         idle = [w for w in self._workers if w.ready and not w.busy]
         for n, w in enumerate(idle):
             if not self._todo:
@@ -219,12 +286,15 @@ class RewardPool:
             if not w.send(chunk, self.timeout):
                 self._todo.extendleft(reversed(chunk))  # died idle: not the calls' fault
                 self._replace(w)
+        growing = self._grow()
         waiting = [w for w in self._workers if w.busy or not w.ready]
         if not waiting:
             return
         left = min(w.deadline for w in waiting) - time.monotonic()
         if timeout is not None:
             left = min(left, timeout)
+        if growing:  # calls queued behind busy workers: judge them again soon
+            left = min(left, GROW_AFTER_SECONDS)
         readable = set(wait([w.conn for w in waiting], timeout=max(left, 0.0)))
         for w in waiting:
             if w.conn in readable:
@@ -252,11 +322,39 @@ class RewardPool:
         else:
             self._finish(w, RewardOutcome(float(value)) if status == "ok"
                          else RewardOutcome(error=str(value)))
-            now = time.monotonic()
-            took, w.since, w.deadline = now - w.since, now, now + self.timeout
+            took = time.monotonic() - w.since
+            w.mark(self.timeout)
             self._slowest = took if self._slowest is None else max(
                 took, _SLOWEST_DECAY * self._slowest)
         return True
+
+    def _grow(self) -> bool:
+        """Add the workers the queued calls need (see the module docstring) and stop the
+        idle ones past `IDLE_SECONDS`; True while calls wait behind busy workers and the
+        pool may still grow."""
+        now = time.monotonic()
+        if not self._todo:
+            stale = [w for w in self._workers[1:] if w.ready and not w.busy
+                     and now - w.since > IDLE_SECONDS]
+            for w in stale:
+                self._workers.remove(w)
+                w.close()
+            return False
+        if any(not w.ready or not w.busy for w in self._workers):
+            return False  # a worker is starting or idle: the queue goes there first
+        judged = [w.waiting(now) for w in self._workers]
+        room = self.max_workers - len(self._workers)
+        if True in judged:  # waiting calls need no core: double
+            add = min(len(self._workers), room)
+        elif None in judged:  # too early to tell
+            return room > 0
+        else:  # every worker computes: one more per free core
+            add = min(self.cores - len(self._workers), room)
+        add = min(add, len(self._todo))
+        if add > 0:
+            self._workers.extend(_Worker() for _ in range(add))
+            self.peak = max(self.peak, len(self._workers))
+        return False
 
     @property
     def _fast(self) -> bool:

@@ -36,6 +36,16 @@ def dies(task, response):
 
 def words(task, response):
     return "many"
+
+def waits_pid(task, response, *, seconds):
+    time.sleep(seconds)  # a remote call: the worker waits, no core used
+    return float(os.getpid())
+
+def computes_pid(task, response, *, seconds):
+    end = time.process_time() + seconds  # a core busy for `seconds`
+    while time.process_time() < end:
+        pass
+    return float(os.getpid())
 '''
 
 
@@ -87,6 +97,24 @@ def test_an_unimportable_reward_fails_each_call_with_the_reason():
     assert [o.score for o in outcomes] == [0.0, 0.0]
     assert all("cannot be imported: No module named 'gone_module_xyz'" in o.error
                for o in outcomes)
+
+
+@pytest.mark.parametrize("bound", [4, 12])
+def test_calls_that_wait_get_workers_up_to_the_bound(user_rewards, bound):
+    with RewardPool(workers=bound, timeout=30.0, cores=1) as pool:
+        assert pool.size == 1  # the pool starts small
+        outcomes = pool.score(calls(f"{user_rewards}:waits_pid", n=24, seconds=0.5))
+        pids = {o.score for o in outcomes}
+        assert not any(o.failed for o in outcomes)
+        # the calls waited, so more ran at once than the one core allows computing calls
+        assert len(pids) == pool.peak == bound
+
+
+def test_calls_that_compute_get_one_worker_per_core(user_rewards):
+    with RewardPool(workers=12, timeout=30.0, cores=2) as pool:
+        outcomes = pool.score(calls(f"{user_rewards}:computes_pid", n=8, seconds=0.1))
+        assert not any(o.failed for o in outcomes)
+        assert len({o.score for o in outcomes}) == pool.peak == 2
 
 
 OUTLIVE_SIGNALS = """

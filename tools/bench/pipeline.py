@@ -21,17 +21,20 @@ step. It measures, each figure beside the limit it is held to, in the same run:
     1): sync (`offset 0`) against 64 / (t_gen + t_train), async (`offset 1`) against
     64 / max(t_gen, t_train), both on one core;
 (d) a long tail: one task in eight waits `10 x t_gen` in its reward (an environment delay,
-    tools/bench/pipeline_reward.py), with the cores separate as in (c): completions/s
-    sync (`offset 0`) against async (`steps_in_flight` enough to cover a step's latency,
-    `delay + t_gen`, plus a backlog of `TAIL_BACKLOG` committed steps, and `offset` one
-    less), and the trainer's busy fraction (its step time not spent waiting for data).
+    tools/bench/pipeline_reward.py), with the cores separate as in (c), in the default
+    config (reward workers adaptive, steps in flight derived from the offset): completions/s
+    sync (`offset 0`) against async with only `sync.offset` set (so that the steps in flight
+    cover a step's latency, `delay + t_gen`, plus a backlog of `TAIL_BACKLOG` committed
+    steps), and the trainer's busy fraction (its step time not spent waiting for data);
+    beside it the same tuned by hand (the reward workers a step's slow groups need);
 
 A loop's rate is taken from the trainer's metrics between its 3rd and last step (start-up,
 the first weights and the first batch left out). Under each loop it prints where a step's
 time goes: the medians of the trainer's step, training, publishing (`sync_seconds`) and
 waiting for data, and of the explorer's step, generating, scoring and waiting for weights.
-Targets (issue 15): (b) >= 0.9, (c) sync >= 0.9 and async >= 0.85, (d) async / sync >= 2.5
-with busy >= 0.9. Needs 2+ cores.
+Targets (issues 15, 32): (b) >= 0.9, (c) sync >= 0.9 and async >= 0.85, (d) in the
+default config async / sync >= 2.5 with busy >= 0.9. Needs 2+ cores. `--parts d` runs (a)'s
+one-core timings and (d) only.
 """
 
 from __future__ import annotations
@@ -159,6 +162,7 @@ def run_loop(work: Path, name: str, config_path: Path, *sets: str) -> dict:
         sum(r["seconds"] for r in steps)
     explorer = read_metrics(next(root.glob("**/metrics/explorer-0.jsonl")))[WARM + 1:]
     return {"completions_per_s": len(steps) * BATCH / wall, "busy": busy, "wall_s": wall,
+            "reward_workers": max((r.get("reward_workers", 0) for r in explorer), default=0),
             "total_s": time.perf_counter() - t0,
             "trainer_ms": medians_ms(steps, ("seconds", "train_seconds", "sync_seconds",
                                              "wait_seconds")),
@@ -173,8 +177,8 @@ def medians_ms(rows: list[dict], keys: tuple[str, ...]) -> dict[str, float]:
             for k in keys if any(k in r for r in rows)}
 
 
-def bench(work: Path, steps: int, tokens: int = TOKENS) -> dict:
-    """Every figure of the module doc, with its limit and ratio."""
+def bench(work: Path, steps: int, tokens: int = TOKENS, parts: str = "abcd") -> dict:
+    """Every figure of the module doc (of `parts`), with its limit and ratio."""
     from rft_hpc.models.tiny import init_tiny_model
 
     cores = sorted(os.sched_getaffinity(0))
@@ -184,27 +188,30 @@ def bench(work: Path, steps: int, tokens: int = TOKENS) -> dict:
     config_path = work / "bench.yaml"
     config_path.write_text(config_text(work / "runs", model, steps, tokens))
     one, other = [cores[0]], [cores[1]]
-    t = {"gen_1": measure("gen", config_path, one), "train_1": measure("train", config_path, one),
-         "gen_all": measure("gen", config_path, cores),
-         "train_all": measure("train", config_path, cores),
-         "gen_1_idle": measure("gen", config_path, one, idle=IDLE),
-         "train_1_idle": measure("train", config_path, one, idle=IDLE),
-         "loop_all": measure("loop", config_path, cores),
-         "loop_1": measure("loop", config_path, one)}
+    t = {"gen_1": measure("gen", config_path, one), "train_1": measure("train", config_path, one)}
     out: dict = {"cores": len(cores), "t": t, "tokens": tokens}
-    shared = run_loop(work, "shared", config_path)
-    limit_b = BATCH / (t["gen_all"] + t["train_all"])
-    out["b_shared"] = {**shared, "limit": limit_b,
-                       "ratio": shared["completions_per_s"] / limit_b}
     pinned = (f"explorer.cpus=[{one[0]}]", f"trainer.cpus=[{other[0]}]")
-    sync = run_loop(work, "sync", config_path, *pinned)
-    limit_sync = BATCH / (t["gen_1"] + t["train_1"])
-    out["c_sync"] = {**sync, "limit": limit_sync,
-                     "ratio": sync["completions_per_s"] / limit_sync}
-    async_ = run_loop(work, "async", config_path, *pinned, "sync.offset=1")
-    limit_async = BATCH / max(t["gen_1"], t["train_1"])
-    out["c_async"] = {**async_, "limit": limit_async,
-                      "ratio": async_["completions_per_s"] / limit_async}
+    if set(parts) & set("bc"):
+        t.update(gen_all=measure("gen", config_path, cores),
+                 train_all=measure("train", config_path, cores),
+                 gen_1_idle=measure("gen", config_path, one, idle=IDLE),
+                 train_1_idle=measure("train", config_path, one, idle=IDLE),
+                 loop_all=measure("loop", config_path, cores),
+                 loop_1=measure("loop", config_path, one))
+        shared = run_loop(work, "shared", config_path)
+        limit_b = BATCH / (t["gen_all"] + t["train_all"])
+        out["b_shared"] = {**shared, "limit": limit_b,
+                           "ratio": shared["completions_per_s"] / limit_b}
+        sync = run_loop(work, "sync", config_path, *pinned)
+        limit_sync = BATCH / (t["gen_1"] + t["train_1"])
+        out["c_sync"] = {**sync, "limit": limit_sync,
+                         "ratio": sync["completions_per_s"] / limit_sync}
+        async_ = run_loop(work, "async", config_path, *pinned, "sync.offset=1")
+        limit_async = BATCH / max(t["gen_1"], t["train_1"])
+        out["c_async"] = {**async_, "limit": limit_async,
+                          "ratio": async_["completions_per_s"] / limit_async}
+    if "d" not in parts:
+        return out
     delay = 10 * t["gen_1"]
     step_s = max(t["gen_1"], t["train_1"])
     # a step is committed `delay + t_gen` after it is submitted: the steps in flight must
@@ -213,19 +220,37 @@ def bench(work: Path, steps: int, tokens: int = TOKENS) -> dict:
     ahead = math.ceil((delay + t["gen_1"]) / step_s) + TAIL_BACKLOG
     workers = REPEAT * (math.ceil(delay / step_s) + 1)  # slow groups pending at once, x 8
     tail = (f"tasks.reward={{name: {REWARD}, args: {{delay: {delay:.4f}}}}}",
-            f"explorer.reward_workers={workers}", f"explorer.reward_timeout={delay * 5 + 10}")
+            f"explorer.reward_timeout={delay * 5 + 10}")
     tail_sync = run_loop(work, "tail_sync", config_path, *pinned, *tail)
+    # the default config: only the offset set (reward workers and steps in flight derived)
     tail_async = run_loop(work, "tail_async", config_path, *pinned, *tail,
-                          f"sync.offset={ahead - 1}", f"explorer.steps_in_flight={ahead}")
+                          f"sync.offset={ahead - 1}")
+    tail_tuned = run_loop(work, "tail_tuned", config_path, *pinned, *tail,
+                          f"sync.offset={ahead - 1}", f"explorer.steps_in_flight={ahead}",
+                          f"explorer.reward_workers={workers}")
     out["d_tail"] = {"delay_s": delay, "offset": ahead - 1, "reward_workers": workers,
-                     "sync": tail_sync, "async": tail_async,
+                     "sync": tail_sync, "async": tail_async, "tuned": tail_tuned,
                      "ratio": tail_async["completions_per_s"] / tail_sync["completions_per_s"],
-                     "busy": tail_async["busy"]}
+                     "busy": tail_async["busy"],
+                     "tuned_ratio": tail_tuned["completions_per_s"]
+                     / tail_sync["completions_per_s"]}
     return out
 
 
 def report(r: dict) -> None:
     """Print the figures, their limits, ratios and targets."""
+    t = r["t"]
+    if "b_shared" not in r:
+        print(f"(a) t_gen {t['gen_1'] * 1e3:.1f} ms, t_train {t['train_1'] * 1e3:.1f} ms on 1 "
+              "core")
+    else:
+        report_bc(r)
+    if "d_tail" in r:
+        report_d(r)
+
+
+def report_bc(r: dict) -> None:
+    """Print (a)-(c)."""
     t = r["t"]
     print(f"(a) t_gen {t['gen_1'] * 1e3:.1f} ms on 1 core, {t['gen_all'] * 1e3:.1f} ms on "
           f"{r['cores']}; t_train {t['train_1'] * 1e3:.1f} ms on 1 core, "
@@ -250,13 +275,25 @@ def report(r: dict) -> None:
               f"{'ok' if x['ratio'] >= target else 'MISSED'}")
         print(f"{'':34} step medians, ms: trainer {x['trainer_ms']}, explorer "
               f"{x['explorer_ms']}")
+
+
+def report_d(r: dict) -> None:
+    """Print (d)."""
     d = r["d_tail"]
-    print(f"(d) long tail (1 task in 8 waits {d['delay_s'] * 1e3:.0f} ms): sync "
-          f"{d['sync']['completions_per_s']:.1f}, async (offset {d['offset']}, "
-          f"{d['reward_workers']} reward workers) {d['async']['completions_per_s']:.1f} "
+    print(f"(d) long tail (1 task in 8 waits {d['delay_s'] * 1e3:.0f} ms), defaults "
+          f"(reward workers adaptive): sync {d['sync']['completions_per_s']:.1f}, async "
+          f"(only sync.offset {d['offset']} set) {d['async']['completions_per_s']:.1f} "
           f"completions/s: async/sync {d['ratio']:.2f} (target >= 2.5) "
           f"{'ok' if d['ratio'] >= 2.5 else 'MISSED'}; trainer busy {d['busy']:.3f} "
-          f"(target >= 0.9) {'ok' if d['busy'] >= 0.9 else 'MISSED'}")
+          f"(target >= 0.9) {'ok' if d['busy'] >= 0.9 else 'MISSED'}; reward workers at "
+          f"most {d['sync']['reward_workers']:.0f} (sync), {d['async']['reward_workers']:.0f}"
+          " (async)")
+    print(f"    tuned beside it ({d['reward_workers']} reward workers set by hand, steps in "
+          f"flight {d['offset'] + 1}): {d['tuned']['completions_per_s']:.1f} completions/s, "
+          f"async/sync {d['tuned_ratio']:.2f}, trainer busy {d['tuned']['busy']:.3f}")
+    for label, x in (("sync", d["sync"]), ("async", d["async"]), ("tuned", d["tuned"])):
+        print(f"    {label:5} step medians, ms: trainer {x['trainer_ms']}, explorer "
+              f"{x['explorer_ms']}")
 
 
 def main() -> int:
@@ -268,6 +305,7 @@ def main() -> int:
                     help=f"tokens per rollout [{TOKENS}, the demo's]: longer steps show which "
                          "costs are per step")
     ap.add_argument("--json", type=Path, help="also write the figures here")
+    ap.add_argument("--parts", default="abcd", help="which loops to run [abcd]; (a) always")
     ap.add_argument("--measure", choices=("gen", "train", "loop"), help=argparse.SUPPRESS)
     ap.add_argument("--config", type=Path, help=argparse.SUPPRESS)
     ap.add_argument("--cpus", help=argparse.SUPPRESS)
@@ -286,7 +324,7 @@ def main() -> int:
     results = []
     for i in range(args.runs):
         with tempfile.TemporaryDirectory(prefix="rft-bench-pipeline-") as tmp:
-            r = bench(Path(tmp), args.steps, args.tokens)
+            r = bench(Path(tmp), args.steps, args.tokens, args.parts)
         if args.runs > 1:
             print(f"--- run {i + 1} of {args.runs}")
         report(r)
