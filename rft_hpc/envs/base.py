@@ -2,12 +2,14 @@
 
 An environment is a plain class: `reset(task, seed)` returns the first observation (the
 prompt the policy sees), `step(action)` takes the policy's response text and returns the next
-observation, the reward of that turn and whether the episode is over. Observations are text;
-the explorer tokenizes them and never trains on them (action mask 0).
+observation, the reward of that turn and whether the episode is over. Observations are text
+(or chat messages); the explorer tokenizes them and never trains on them (action mask 0).
+For I/O-bound work (an HTTP sandbox, a remote judge) both may be coroutines (`async def
+reset / step`): then many trajectories wait at once in one process.
 
 `explorer.workflow.env` names one: a registered name (`guess`) or `package.module:Class`.
-Environments run in worker processes (`rft_hpc.envs.worker`), so a class and its
-`env_args` must be importable and picklable there.
+Environments run in host processes (`rft_hpc.envs.host`), so a class and its `env_args`
+must be importable and picklable there.
 """
 
 from __future__ import annotations
@@ -91,6 +93,16 @@ def check_env(name: str, args: dict[str, object]) -> None:
             from exc
     except ValueError:  # no signature to check (a builtin): the workers will tell
         pass
+
+
+def is_async_env(name: str) -> bool:
+    """Whether environment `name`'s `step` is a coroutine function (`async def`): such
+    environments share one host process per explorer (`envs.host`)."""
+    import inspect
+
+    _register_builtins()
+    factory = resolve(name, ENVIRONMENTS, "explorer.workflow.env")
+    return inspect.iscoroutinefunction(getattr(factory, "step", None))
 
 
 def _register_builtins() -> None:

@@ -4,15 +4,19 @@ names, within `call_timeout` seconds, and its result, or why it failed, comes ba
 `tool` message. A turn without a call goes to the environment the tools wrap (by default
 `answer`: the turn is the policy's answer, scored by the task's reward).
 
-The calls run in the environment's worker process (`rft_hpc.envs.worker`), each in a thread
+The calls run in the environment's host process (`rft_hpc.envs.host`), each in a thread
 of its own: a call past its time is answered with an error and left behind (the worker is
 killed when the task's attempt ends or overruns `max_timeout`, which a hung call cannot
 outlive). Each turn counts `tool_calls`, `tool_errors` (unknown tool, raised), `tool_timeouts`
 and `malformed_calls` (unreadable, answered with the reason; counted in `tool_calls` too).
+Around an `async def` environment the wrapper is `AsyncToolEnv`, whose tools may be
+`async def` too (an HTTP call).
 """
 
 from __future__ import annotations
 
+import asyncio
+import inspect
 import json
 import threading
 from collections.abc import Callable
@@ -20,7 +24,7 @@ from typing import Any
 
 from rft_hpc.envs.base import Environment, Message, StepResult, build_env
 from rft_hpc.tasks.task import Task
-from rft_hpc.tasks.tool_calls import Syntax, ToolCall, load_tool, parse_tool_calls
+from rft_hpc.tasks.tool_calls import ParsedTurn, Syntax, ToolCall, load_tool, parse_tool_calls
 
 
 class ToolEnv(Environment):
@@ -44,17 +48,7 @@ class ToolEnv(Environment):
         turn = parse_tool_calls(action, self.syntax)
         if not turn.calls and not turn.malformed:
             return self.env.step(action)
-        counts = {"tool_calls": len(turn.calls) + len(turn.malformed),
-                  "malformed_calls": len(turn.malformed), "tool_errors": 0, "tool_timeouts": 0}
-        messages: list[Message] = [
-            {"role": "tool", "content": f"error: malformed tool call ({reason})"}
-            for reason in turn.malformed]
-        for call in turn.calls:
-            content, outcome = self._run(call)
-            if outcome:
-                counts[outcome] += 1
-            messages.append({"role": "tool", "content": content})
-        return StepResult(messages, 0.0, False, counts)
+        return _results(turn, [self._run(call) for call in turn.calls])
 
     def _run(self, call: ToolCall) -> tuple[str, str | None]:
         """A call's result as text, and what went wrong (a count's name) or None."""
@@ -79,3 +73,47 @@ class ToolEnv(Environment):
             return f"error: {result['error']}", "tool_errors"
         value = result.get("value")
         return (value if isinstance(value, str) else json.dumps(value, default=str)), None
+
+
+class AsyncToolEnv(ToolEnv):
+    """`ToolEnv` around an `async def` environment (it shares the explorer's one host
+    process): the calls of a turn run at once, an `async def` tool as a coroutine, a plain
+    one in a thread, each within `call_timeout` seconds."""
+
+    async def reset(self, task: Task, seed: int) -> str:  # type: ignore[override]
+        """The wrapped environment's first observation."""
+        return await self.env.reset(task, seed)  # type: ignore[misc]
+
+    async def step(self, action: str) -> StepResult:  # type: ignore[override]
+        """As `ToolEnv.step`."""
+        turn = parse_tool_calls(action, self.syntax)
+        if not turn.calls and not turn.malformed:
+            return await self.env.step(action)  # type: ignore[misc]
+        return _results(turn, await asyncio.gather(*(self._run_async(c) for c in turn.calls)))
+
+    async def _run_async(self, call: ToolCall) -> tuple[str, str | None]:
+        fn = self.tools.get(call.name)
+        if fn is None or not inspect.iscoroutinefunction(fn):
+            return await asyncio.to_thread(self._run, call)  # the thread keeps the time limit
+        try:
+            value = await asyncio.wait_for(fn(**call.arguments), self.call_timeout)
+        except TimeoutError:
+            return f"error: {call.name} timed out after {self.call_timeout:g} s", "tool_timeouts"
+        except Exception as exc:  # the tool's fault is the policy's answer, not ours
+            return f"error: {type(exc).__name__}: {exc}", "tool_errors"
+        return (value if isinstance(value, str) else json.dumps(value, default=str)), None
+
+
+def _results(turn: ParsedTurn, outcomes: list[tuple[str, str | None]]) -> StepResult:
+    """A turn's tool messages (malformed calls first, then each call's result in order) and
+    its counts."""
+    counts = {"tool_calls": len(turn.calls) + len(turn.malformed),
+              "malformed_calls": len(turn.malformed), "tool_errors": 0, "tool_timeouts": 0}
+    messages: list[Message] = [
+        {"role": "tool", "content": f"error: malformed tool call ({reason})"}
+        for reason in turn.malformed]
+    for content, outcome in outcomes:
+        if outcome:
+            counts[outcome] += 1
+        messages.append({"role": "tool", "content": content})
+    return StepResult(messages, 0.0, False, counts)

@@ -4,13 +4,18 @@ The sequence of a trajectory is the first observation (the prompt), then each po
 (mask 1, with its rollout log-probs) followed by the environment's feedback (mask 0, log-prob
 0: the action mask), up to `max_turns` turns or until the environment says done. Its reward
 is the sum of the turns' rewards. A task plays `repeat` trajectories (its GRPO group) against
-`repeat` environments in one worker process (`rft_hpc.envs.worker`); a failed attempt (the
-environment raised, died, or overran `max_timeout`) is retried up to `max_retry_times`
-times from scratch, then the task is given up: no trajectories, counted in the metrics.
+`repeat` environments in a host process (`rft_hpc.envs.host`), each trajectory a coroutine of
+the explorer's rollout loop (`explorer.rollout_loop`) at its own pace: its turns go to the
+engine through the `TurnBatcher` as soon as its observation is in. A failed attempt (an
+environment raised, died, or the attempt overran `max_timeout`) is retried up to
+`max_retry_times` times from scratch, then the task is given up: no trajectories, counted in
+the metrics.
 """
 
 from __future__ import annotations
 
+import asyncio
+import itertools
 import threading
 import time
 from collections import Counter
@@ -22,10 +27,10 @@ import numpy as np
 
 from rft_hpc.buffer.records import Experience
 from rft_hpc.config.workflow import MultiTurnWorkflow
-from rft_hpc.engines.protocol import InferenceEngine
-from rft_hpc.engines.requests import Completion
-from rft_hpc.envs.base import Message
-from rft_hpc.envs.worker import Cancelled, EnvError, EnvTimeout, EnvValue, EnvWorker
+from rft_hpc.engines.protocol import StreamingEngine
+from rft_hpc.engines.requests import Completion, FinishedGroup, GroupRequest
+from rft_hpc.envs.base import Message, is_async_env
+from rft_hpc.envs.host import EnvError, EnvHost, EnvTimeout, EnvValue
 from rft_hpc.tasks.chat_turns import ChatTurns
 from rft_hpc.tasks.task import Task
 from rft_hpc.tasks.tool_calls import tool_syntax
@@ -35,17 +40,22 @@ if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
     from rft_hpc.config.prompt import PromptConfig
+    from rft_hpc.explorer.rollout_loop import HostSource
+    from rft_hpc.explorer.turn_batcher import TurnBatcher
 
 
 class SerialEngine:
-    """An engine shared by the task threads (an `InferenceEngine` itself): one generation,
-    tokenization or weight load at a time. It also builds the turns of a trajectory: raw
-    text, or with prompt format chat the chat template's turns, token in and token out
-    (`tasks.chat_turns`)."""
+    """An engine shared by the explorer's threads (an `InferenceEngine` itself): one
+    generation, engine step or weight load at a time, and one tokenization at a time (a
+    fast tokenizer is not safe to use from several threads at once) under a lock of its own,
+    so that the rollout loop tokenizes while the engine generates. It also builds the turns
+    of a trajectory: raw text, or with prompt format chat the chat template's turns, token
+    in and token out (`tasks.chat_turns`)."""
 
-    def __init__(self, engine: InferenceEngine) -> None:
+    def __init__(self, engine: StreamingEngine) -> None:
         self._engine = engine
         self._lock = threading.Lock()
+        self._tokenizing = threading.Lock()
         self.tokenizer = engine.tokenizer
         self.prompt = engine.prompt
         self.chat = ChatTurns(engine.tokenizer) if engine.prompt.format == "chat" else None
@@ -55,7 +65,7 @@ class SerialEngine:
         """Token ids of a trajectory's first observation: raw text (with the tokenizer's
         special tokens), or the chat that opens with it as the user's message (after
         `prompt.system_prompt`) and the assistant's generation prompt."""
-        with self._lock:
+        with self._tokenizing:
             return self._engine.prompt_ids(replace(task, prompt=observation, messages=None))
 
     def next_turn(self, sampled: Sequence[int], observation: str | list[Message]) -> list[int]:
@@ -63,7 +73,7 @@ class SerialEngine:
         `observation`: its raw text, or the turn's closing tokens and the observation (a user
         message, or the messages given: tool results) with the next generation prompt;
         never the policy's tokens."""
-        with self._lock:
+        with self._tokenizing:
             if self.chat is None:
                 if isinstance(observation, list):
                     raise EnvError("the environment answered with chat messages: they need "
@@ -82,7 +92,7 @@ class SerialEngine:
         tokens = list(completion.tokens)
         if self.chat is not None and tokens and tokens[-1] == self.chat.end_of_turn:
             tokens = tokens[:-1]
-        with self._lock:
+        with self._tokenizing:
             return self.tokenizer.decode(tokens, skip_special_tokens=False)
 
     @property
@@ -97,6 +107,21 @@ class SerialEngine:
             return self._engine.generate(prompts, n=n, max_new_tokens=max_new_tokens,
                                          temperature=temperature, seed=seed)
 
+    def submit(self, requests: Sequence[GroupRequest]) -> None:
+        """The engine's `submit`."""
+        with self._lock:
+            self._engine.submit(requests)
+
+    def poll(self) -> list[FinishedGroup]:
+        """The engine's `poll` (one engine step), alone."""
+        with self._lock:
+            return self._engine.poll()
+
+    @property
+    def in_flight(self) -> int:
+        """The engine's requests in flight."""
+        return self._engine.in_flight
+
     def load_weights(self, state_dict: Mapping[str, torch.Tensor], version: int) -> None:
         """The engine's `load_weights`, never during a generation."""
         with self._lock:
@@ -106,20 +131,19 @@ class SerialEngine:
         """The longest sequence the model takes (its max positions), None when unknown."""
         return self._engine.context_limit()
 
-    # a fast tokenizer is not safe to use from several threads at once: hence the lock
     def encode(self, prompt: str) -> list[int]:
         """Token ids of a prompt, with its special tokens."""
-        with self._lock:
+        with self._tokenizing:
             return self._engine.encode(prompt)
 
     def plain_tokens(self, text: str) -> list[int]:
         """Token ids of an observation, without the BOS/EOS a prompt gets."""
-        with self._lock:
+        with self._tokenizing:
             return self._engine.plain_tokens(text)
 
     def prompt_ids(self, task: Task) -> list[int]:
         """Token ids of a task's prompt in the engine's prompt format."""
-        with self._lock:
+        with self._tokenizing:
             return self._engine.prompt_ids(task)
 
     def close(self) -> None:
@@ -130,11 +154,13 @@ class SerialEngine:
 
 def with_tools(workflow: MultiTurnWorkflow, prompt: PromptConfig,
                tokenizer: PreTrainedTokenizerBase) -> MultiTurnWorkflow:
-    """`workflow` with its environment wrapped in `envs.tools.ToolEnv` when `prompt.tools`
-    names tools (their calls read in the syntax of the tokenizer's family); else itself."""
+    """`workflow` with its environment wrapped in `envs.tools.ToolEnv` (`AsyncToolEnv`
+    around an `async def` environment) when `prompt.tools` names tools (their calls read
+    in the syntax of the tokenizer's family); else itself."""
     if not prompt.tools:
         return workflow
-    return workflow.model_copy(update={"env": "rft_hpc.envs.tools:ToolEnv", "env_args": {
+    wrapper = "AsyncToolEnv" if is_async_env(workflow.env) else "ToolEnv"
+    return workflow.model_copy(update={"env": f"rft_hpc.envs.tools:{wrapper}", "env_args": {
         "tools": list(prompt.tools), "syntax": tool_syntax(tokenizer), "env": workflow.env,
         "env_args": dict(workflow.env_args), "call_timeout": workflow.tool_timeout}})
 
@@ -191,39 +217,66 @@ def _seed(*parts: int) -> int:
 
 
 class _Budget:
-    """The environment time an attempt has left."""
+    """The environment time a task attempt has left (its calls' seconds, summed)."""
 
     def __init__(self, seconds: float) -> None:
         self.left = seconds
 
-    def call(self, worker: EnvWorker, method: str, index: int, *args: object,
-             cancel: threading.Event) -> EnvValue:
+
+@dataclass
+class _Attempt:
+    """What the trajectories of one task attempt share."""
+
+    engine: SerialEngine
+    batcher: TurnBatcher
+    host: EnvHost
+    key: int
+    task: Task
+    workflow: MultiTurnWorkflow
+    turn: TurnSettings
+    seed: int
+    version: int
+    budget: _Budget
+
+    async def env(self, method: str, index: int, *args: object) -> EnvValue:
+        """`method` of the trajectory's environment, within the attempt's budget."""
         t0 = time.monotonic()
         try:
-            return worker.call(method, index, *args, timeout=max(self.left, 1e-3), cancel=cancel)
+            return await self.host.call(self.key, index, method, *args,
+                                        timeout=self.budget.left)
         finally:
-            self.left -= time.monotonic() - t0
+            took = time.monotonic() - t0
+            self.budget.left -= took
+            self.batcher.env_call_took(took)
 
 
-def run_task(engine: SerialEngine, task: Task, workflow: MultiTurnWorkflow, turn: TurnSettings, *,
-             group_id: int, step: int, seed: int, cancel: threading.Event,
-             version: int | None = None) -> TaskOutcome:
-    """Play `turn.repeat` trajectories of `task`, retrying failed attempts; never raises for
-    an environment's fault (see `TaskOutcome.status`). The records' `policy_version` is
-    `version` (the weights when the task was started; default: the engine's now)."""
+_attempts = itertools.count()
+
+
+async def run_task(engine: SerialEngine, batcher: TurnBatcher, hosts: HostSource, task: Task,
+                   workflow: MultiTurnWorkflow, turn: TurnSettings, *, group_id: int,
+                   step: int, seed: int, version: int | None = None) -> TaskOutcome:
+    """Play `turn.repeat` trajectories of `task` in the rollout loop, retrying failed
+    attempts; never raises for an environment's fault (see `TaskOutcome.status`). The
+    records' `policy_version` is `version` (the weights when the task was started;
+    default: the engine's now). Cancelling it stops the task and frees its environments."""
     version = engine.version if version is None else version
     outcome = TaskOutcome()
     for attempt in range(workflow.max_retry_times + 1):
         outcome.retries = attempt
-        worker = EnvWorker(workflow.env, workflow.env_args, turn.repeat)
-        killed = True
+        host, own = await hosts.host()
+        ok = False
+        key = next(_attempts)
         try:
-            trajectories = _play(engine, worker, task, workflow, turn,
-                                 seed=_seed(seed, attempt), cancel=cancel, version=version)
-            killed = False
-        except Cancelled:
-            outcome.status = "cancelled"
-            return outcome
+            # Starting the host is not the environment's time (a fork takes seconds on a
+            # loaded node), but a constructor that hangs must not block either: it gets a
+            # budget of its own.
+            await host.build(key, workflow.env, workflow.env_args, turn.repeat,
+                             timeout=max(workflow.max_timeout, START_SECONDS))
+            state = _Attempt(engine, batcher, host, key, task, workflow, turn,
+                             _seed(seed, attempt), version, _Budget(workflow.max_timeout))
+            trajectories = await _play(state)
+            ok = True
         except EnvTimeout as exc:
             outcome.timeouts += 1
             outcome.status, outcome.message = "timeout", str(exc)
@@ -233,7 +286,7 @@ def run_task(engine: SerialEngine, task: Task, workflow: MultiTurnWorkflow, turn
             outcome.status, outcome.message = "error", str(exc)
             continue
         finally:
-            worker.close(kill=killed)
+            await hosts.release(host, key, own=own, ok=ok)
         outcome.status = "ok"
         outcome.experiences = [_experience(t, task, group_id, step, attempt)
                                for t in trajectories]
@@ -241,55 +294,54 @@ def run_task(engine: SerialEngine, task: Task, workflow: MultiTurnWorkflow, turn
     return outcome
 
 
-def _play(engine: SerialEngine, worker: EnvWorker, task: Task, workflow: MultiTurnWorkflow,
-          turn: TurnSettings, *, seed: int, cancel: threading.Event,
-          version: int) -> list[_Trajectory]:
-    # Starting the worker is not the environment's time (a fork takes seconds on a loaded
-    # node), but a constructor that hangs must not block either: it gets a budget of its own.
-    worker.wait_started(max(workflow.max_timeout, START_SECONDS), cancel)
-    budget = _Budget(workflow.max_timeout)
-    trajectories = []
-    for i in range(turn.repeat):
-        prompt = engine.first_turn(task, str(budget.call(worker, "reset", i, task,
-                                                         _seed(seed, i), cancel=cancel)))
-        trajectories.append(_Trajectory(list(prompt), [0] * len(prompt), [0.0] * len(prompt),
-                                        len(prompt), version))
-    active = list(range(turn.repeat))
-    limit = engine.context_limit()
-    for t in range(workflow.max_turns):
-        if cancel.is_set():
-            raise Cancelled
-        if limit is not None:  # a turn that cannot fit in the model's context ends it
-            for i in active:
-                trajectories[i].truncated = (len(trajectories[i].tokens) + turn.max_new_tokens
-                                             > limit)
-            active = [i for i in active if not trajectories[i].truncated]
-            if not active:
+async def _play(state: _Attempt) -> list[_Trajectory]:
+    """The attempt's trajectories, each at its own pace; the first that fails cancels
+    the others and raises."""
+    tasks = [asyncio.ensure_future(_trajectory(state, i)) for i in range(state.turn.repeat)]
+    try:
+        await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
+        for t in tasks:
+            if t.done() and t.exception() is not None:
+                raise t.exception()  # type: ignore[misc]
+        return [t.result() for t in tasks]
+    finally:
+        for t in tasks:
+            t.cancel()
+
+
+async def _trajectory(state: _Attempt, i: int) -> _Trajectory:
+    engine, turn, limit = state.engine, state.turn, state.engine.context_limit()
+    with state.batcher.trajectory():
+        seed = _seed(state.seed, i)
+        first = await state.env("reset", i, state.task, seed)
+        prompt = engine.first_turn(state.task, str(first))
+        traj = _Trajectory(list(prompt), [0] * len(prompt), [0.0] * len(prompt), len(prompt),
+                           state.version)
+        for t in range(state.workflow.max_turns):
+            # a turn that cannot fit in the model's context ends the trajectory
+            if limit is not None and len(traj.tokens) + turn.max_new_tokens > limit:
+                traj.truncated = True
                 break
-        groups = engine.generate([trajectories[i].tokens for i in active], n=1,
-                                 max_new_tokens=turn.max_new_tokens,
-                                 temperature=turn.temperature, seed=_seed(seed, 1 << 20, t))
-        for i, (completion,) in zip(active, groups, strict=True):
-            traj = trajectories[i]
+            completion = await state.batcher.generate(
+                traj.tokens, max_new_tokens=turn.max_new_tokens,
+                temperature=turn.temperature, seed=_seed(seed, 1 << 20, t))
             traj.add(completion.tokens, 1, completion.logprobs)
             traj.actions.append(completion.text)
-            observation, reward, done, counts = budget.call(
-                worker, "step", i, engine.action_text(completion), cancel=cancel)
+            observation, reward, done, counts = await state.env(  # type: ignore[misc]
+                "step", i, engine.action_text(completion))
             traj.reward += reward
             traj.turns += 1
             traj.counts.update(counts)
             traj.done = done
-            if not done and t + 1 < workflow.max_turns:
-                feedback = engine.next_turn(completion.tokens, observation or "")
-                if limit is not None and (len(traj.tokens) + len(feedback)
-                                          + turn.max_new_tokens > limit):
-                    traj.truncated = True  # the next turn would not fit
-                else:
-                    traj.add(feedback, 0, None)
-        active = [i for i in active if not (trajectories[i].done or trajectories[i].truncated)]
-        if not active:
-            break
-    return trajectories
+            if done or t + 1 == state.workflow.max_turns:
+                break
+            feedback = engine.next_turn(completion.tokens, observation or "")
+            if limit is not None and (len(traj.tokens) + len(feedback)
+                                      + turn.max_new_tokens > limit):
+                traj.truncated = True  # the next turn would not fit
+                break
+            traj.add(feedback, 0, None)
+    return traj
 
 
 def _experience(traj: _Trajectory, task: Task, group_id: int, step: int,

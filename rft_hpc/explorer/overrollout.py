@@ -1,7 +1,8 @@
 """Explorer steps of concurrent multi-turn tasks, closed early by over-rollout.
 
-Each task runs in a thread of its own (generation is serialized by `SerialEngine`; the
-environments run in worker processes), so a slow task holds only itself. A step closes once
+Each task runs as a coroutine of the explorer's rollout loop (`explorer.rollout_loop`: its
+trajectories' turns batched for the engine, its environments in host processes), so a slow
+task holds only itself. A step closes once
 `ceil(ratio x its new tasks)` tasks in flight (new or carried) are done; the tasks still running
 (stragglers) are dropped (cancelled: their environment workers are killed; placeholder records) or
 carried: they run on and their records go into the step during which they finish. Records
@@ -14,10 +15,10 @@ from __future__ import annotations
 
 import math
 import queue
-import threading
 import time
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
+from concurrent.futures import Future
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -26,7 +27,7 @@ from rft_hpc.buffer.records import Experience
 from rft_hpc.config.workflow import MultiTurnWorkflow, OverRolloutConfig
 from rft_hpc.core.rundir import read_json
 from rft_hpc.engines.protocol import InferenceEngine
-from rft_hpc.envs.base import check_env
+from rft_hpc.envs.base import check_env, is_async_env
 from rft_hpc.explorer.multiturn import (
     SerialEngine,
     TaskOutcome,
@@ -35,6 +36,7 @@ from rft_hpc.explorer.multiturn import (
     with_tools,
 )
 from rft_hpc.explorer.protocols import CompletedStep, StepTasks
+from rft_hpc.explorer.rollout_loop import RolloutLoop
 from rft_hpc.tasks.task import Task
 
 
@@ -44,8 +46,15 @@ class _Running:
     group_id: int
     started: int
     version: int = 0
-    cancel: threading.Event = field(default_factory=threading.Event)
+    future: Future[TaskOutcome] | None = None
+    cancelled: bool = False
     outcome: TaskOutcome | None = None
+
+    def cancel(self) -> None:
+        """Stop the task (its coroutine is cancelled, its environments freed)."""
+        self.cancelled = True
+        if self.future is not None:
+            self.future.cancel()
 
 
 class MultiTurnExplorer:
@@ -67,6 +76,8 @@ class MultiTurnExplorer:
         """The engine the task threads share (new weights go in through it)."""
         check_env(workflow.env, workflow.env_args)  # a bad name or env_args: UserError now
         self.workflow = with_tools(workflow, self.engine.prompt, self.engine.tokenizer)
+        self.rollouts = RolloutLoop(self.engine, shared_host=is_async_env(self.workflow.env))
+        """Where the tasks run: an event loop, the turn batcher and the env hosts."""
         self.turn = turn
         self.over_rollout = over_rollout
         self._in_flight: list[_Running] = []
@@ -86,16 +97,21 @@ class MultiTurnExplorer:
         return len(self._in_flight)
 
     def _start(self, running: _Running, step: int, seed: int) -> None:
-        def work() -> None:
-            try:
-                running.outcome = run_task(self.engine, running.task, self.workflow, self.turn,
-                                           group_id=running.group_id, step=step, seed=seed,
-                                           cancel=running.cancel, version=running.version)
-            except BaseException as exc:  # the step reports it, not the thread
-                running.outcome = TaskOutcome(status="crash", message=repr(exc))
+        loop = self.rollouts
+        running.future = loop.start(run_task(
+            self.engine, loop.batcher, loop.hosts, running.task, self.workflow, self.turn,
+            group_id=running.group_id, step=step, seed=seed, version=running.version))
+
+        def done(future: Future[TaskOutcome]) -> None:
+            if future.cancelled():
+                running.outcome = TaskOutcome(status="cancelled")
+            elif future.exception() is not None:  # the step reports it, not the loop
+                running.outcome = TaskOutcome(status="crash", message=repr(future.exception()))
+            else:
+                running.outcome = future.result()
             self._done.put(running)
 
-        threading.Thread(target=work, name=f"task-{running.group_id}", daemon=True).start()
+        running.future.add_done_callback(done)
 
     def __len__(self) -> int:
         """1 from a step's submission until it is handed back, else 0."""
@@ -152,13 +168,13 @@ class MultiTurnExplorer:
         finished: list[_Running] = []
         while len(finished) < need or not self._done.empty():
             running = self._done.get()
-            if not running.cancel.is_set():
+            if not running.cancelled:
                 finished.append(running)
         ids = {id(r) for r in finished}
         stragglers = [r for r in self._in_flight if id(r) not in ids]
         drop = self.over_rollout.stragglers == "drop" or last
         for r in stragglers if drop else []:
-            r.cancel.set()
+            r.cancel()
         self._in_flight = [] if drop else stragglers
         return self._collect(finished, step, dropped=stragglers if drop else [],
                              carried=0 if drop else len(stragglers))
@@ -225,10 +241,11 @@ class MultiTurnExplorer:
         return experiences, metrics
 
     def close(self) -> None:
-        """Cancel every task still running (their workers are killed within ~50 ms); they
-        still count in `in_flight`, which the last heartbeat reports as lost."""
+        """Cancel every task still running (their hosts are killed); they still count in
+        `in_flight`, which the last heartbeat reports as lost."""
         for r in self._in_flight:
-            r.cancel.set()
+            r.cancel()
+        self.rollouts.close()
 
 
 TOOL_COUNTS = ("tool_calls", "tool_errors", "tool_timeouts", "malformed_calls")

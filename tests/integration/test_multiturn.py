@@ -204,3 +204,37 @@ def test_trajectories_stop_before_they_outgrow_the_model_context(engine):
     assert all(len(r.tokens) <= limit for r in records)
     assert any(r.info["truncated"] for r in records)
     assert all(r.info["truncated"] != r.info["done"] for r in records)
+
+
+def test_async_environments_wait_together_in_one_process(engine):
+    workflow = MultiTurnWorkflow(env="helpers.agent_envs:RemoteWait", max_turns=1,
+                                 max_timeout=60.0, env_args={"seconds": 0.5})
+    mt = MultiTurnExplorer(engine, workflow, TurnSettings(repeat=4, max_new_tokens=2,
+                                                          temperature=1.0), OverRolloutConfig())
+    try:
+        tasks = [Task(task_id=f"t{i}", prompt="", answer=str(i)) for i in range(16)]
+        records, metrics = mt.run_step(tasks, first_group_id=0, step=0, seed=1)
+        assert len(records) == 64 and metrics["tasks_finished"] == 16
+        assert all(r.reward == 1.0 and r.info["turns"] == 1 for r in records)
+        # 64 trajectories, one host process, and most of them waiting at once in it
+        assert mt.rollouts.hosts.started == 1
+        assert max(r.info["in_flight"] for r in records) > 32
+    finally:
+        mt.close()
+
+
+def test_a_trajectorys_next_turn_does_not_wait_for_its_group(engine):
+    workflow = MultiTurnWorkflow(env="helpers.agent_envs:UnevenPace", max_turns=3,
+                                 max_timeout=60.0, env_args={"seconds": 1.0})
+    mt = MultiTurnExplorer(engine, workflow, TurnSettings(repeat=6, max_new_tokens=2,
+                                                          temperature=1.0), OverRolloutConfig())
+    try:
+        records, _ = mt.run_step([Task(task_id="t0", prompt="", answer="3")],
+                                 first_group_id=0, step=0, seed=4)
+    finally:
+        mt.close()
+    slow = [r.info for r in records if r.info["slow"]]
+    fast = [r.info for r in records if not r.info["slow"]]
+    assert slow and fast and all(r["turns"] == 3 for r in slow + fast)
+    # every fast trajectory played its three turns while the slow ones were in their first
+    assert max(r["end_3"] for r in fast) < min(r["end_1"] for r in slow)

@@ -7,7 +7,6 @@ calls a tool keeps its turns as sampled (mask 1) and everything else at mask 0."
 from __future__ import annotations
 
 import time
-from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -16,6 +15,7 @@ from helpers.chat_models import chat_model
 from rft_hpc.config.prompt import PromptConfig
 from rft_hpc.config.workflow import MultiTurnWorkflow, OverRolloutConfig
 from rft_hpc.engines.hf import HFEngine
+from rft_hpc.engines.requests import Completion, FinishedGroup
 from rft_hpc.envs.tools import ToolEnv
 from rft_hpc.explorer.multiturn import TurnSettings
 from rft_hpc.explorer.overrollout import MultiTurnExplorer
@@ -84,38 +84,42 @@ class ScriptedFirstTurn:
 
     def __init__(self, engine: HFEngine, first: str, opening: list[int]) -> None:
         self.engine, self.first, self.opening = engine, first, opening
+        self.scripted: list = []
 
     def __getattr__(self, name):
         return getattr(self.engine, name)
 
-    def generate(self, prompts, *, n, max_new_tokens, temperature, seed):
+    def submit(self, requests):
+        self.scripted += [r for r in requests if list(r.prompt) == self.opening]
+        self.engine.submit([r for r in requests if list(r.prompt) != self.opening])
+
+    @property
+    def in_flight(self):
+        return len(self.scripted) + self.engine.in_flight
+
+    def poll(self):
+        scripted, self.scripted = self.scripted, []
+        return [FinishedGroup(r.key, [self.script(r.temperature)]) for r in scripted] \
+            + self.engine.poll()
+
+    def script(self, temperature):
         import torch
 
         from rft_hpc.batch.logprobs import token_logprobs
         from rft_hpc.batch.tokens import collate
         from rft_hpc.buffer.records import Experience
 
-        if any(list(p) != self.opening for p in prompts):
-            return self.engine.generate(prompts, n=n, max_new_tokens=max_new_tokens,
-                                        temperature=temperature, seed=seed)
+        p = self.opening
         tokens = self.engine.plain_tokens(self.first) + self.engine.stop_ids[:1]
-        records = [Experience(tokens=np.asarray(list(p) + tokens, np.int32),
-                              prompt_length=len(p),
-                              response_mask=np.asarray([0] * len(p) + [1] * len(tokens),
-                                                       np.uint8),
-                              logprobs=np.zeros(len(p) + len(tokens), np.float32),
-                              reward=0.0, task_id="x", group_id=0) for p in prompts]
-        batch = collate(records, pad_id=self.engine.pad_id)
+        record = Experience(tokens=np.asarray(list(p) + tokens, np.int32), prompt_length=len(p),
+                            response_mask=np.asarray([0] * len(p) + [1] * len(tokens), np.uint8),
+                            logprobs=np.zeros(len(p) + len(tokens), np.float32), reward=0.0,
+                            task_id="x", group_id=0)
+        batch = collate([record], pad_id=self.engine.pad_id)
         with torch.no_grad():
             lp = token_logprobs(self.engine.model, batch, temperature=temperature)
-        out = []
-        for i, p in enumerate(prompts):
-            row = lp[i][batch.loss_mask[i].bool()].tolist()
-            out.append([replace(self.engine.generate([p], n=1, max_new_tokens=1,
-                                                     temperature=temperature, seed=seed)[0][0],
-                                tokens=list(tokens), logprobs=row, text=self.first,
-                                finished=True)])
-        return out
+        row = lp[0][batch.loss_mask[0].bool()].tolist()
+        return Completion(list(tokens), row, self.first, True)
 
 
 @pytest.mark.parametrize(("family", "syntax"), [("qwen2", "hermes"), ("llama3", "llama3"),
