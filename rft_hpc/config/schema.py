@@ -142,9 +142,10 @@ class ExplorerConfig(ConfigSection):
     the job's CPUs)."""
 
     steps_in_flight: int | None = Field(None, ge=1)
-    """Explorer steps whose requests may be in flight together (single-turn workflow): the
-    explorer submits step s + 1 while step s is still generating or being scored, and
-    commits each step, in order, once its last group is scored (docs/streaming.md). null:
+    """Explorer steps whose requests may be in flight together: the explorer submits step
+    s + 1 while step s is still generating or being scored (multi-turn: while its
+    trajectories still play), and commits each step, in order, once its last group is
+    scored (docs/streaming.md). null:
     `sync.offset + 1`, as far ahead as the weights rule lets it run (1 when the pipeline
     selects tasks by pass rate, which needs each step's results before the next step's
     tasks)."""

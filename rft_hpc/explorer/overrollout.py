@@ -2,10 +2,11 @@
 
 Each task runs as a coroutine of the explorer's rollout loop (`explorer.rollout_loop`: its
 trajectories' turns batched for the engine, its environments in host processes), so a slow
-task holds only itself. A step closes once
-`ceil(ratio x its new tasks)` tasks in flight (new or carried) are done; the tasks still running
-(stragglers) are dropped (cancelled: their environment workers are killed; placeholder records) or
-carried: they run on and their records go into the step during which they finish. Records
+task holds only itself, and the tasks of several steps run at once (`window`). The oldest
+step closes once `ceil(ratio x its tasks)` tasks in flight (its own or carried into it) are
+done; its tasks still running (stragglers) are dropped (cancelled, their environments
+freed; placeholder records) or carried: they run on and their records go into the step
+during which they finish. Records
 are written in the order of the tasks' stream positions, so with ratio 1 a step's records
 are the same after any restart. Carried stragglers live only in this process: an explorer
 that restarts has none, and the tasks that were in flight are lost (docs/multi-turn.md).
@@ -26,7 +27,7 @@ import numpy as np
 from rft_hpc.buffer.records import Experience
 from rft_hpc.config.workflow import MultiTurnWorkflow, OverRolloutConfig
 from rft_hpc.core.rundir import read_json
-from rft_hpc.engines.protocol import InferenceEngine
+from rft_hpc.engines.protocol import StreamingEngine
 from rft_hpc.envs.base import check_env, is_async_env
 from rft_hpc.explorer.multiturn import (
     SerialEngine,
@@ -57,34 +58,52 @@ class _Running:
             self.future.cancel()
 
 
-class MultiTurnExplorer:
-    """Runs the tasks of each explorer step concurrently; see the module docstring.
+@dataclass
+class _OpenStep:
+    """A submitted step: its tasks running, until it closes."""
 
-    As the multi-turn `explorer.protocols.Workflow` it has a window of one step, which
-    `advance` runs whole (`run_step`): new weights come in at step boundaries only.
+    step: StepTasks
+    running: list[_Running]
+    need: int
+    """Tasks done (its own or carried into it) that close it: ceil(ratio x its tasks)."""
+    version: int
+    """The weights version it was submitted with: its records' (`policy_version`)."""
+
+
+ADVANCE_SECONDS = 0.05
+"""The longest `advance` waits for a task to finish while steps may still be submitted."""
+
+
+class MultiTurnExplorer:
+    """Runs the tasks of `window` explorer steps concurrently; see the module docstring.
+
+    As the multi-turn `explorer.protocols.Workflow` it keeps up to `window` steps in flight
+    (their tasks all running at once; `explorer.steps_in_flight`, default `sync.offset + 1`),
+    hands them back in order as each closes, and takes new weights while they run: a task
+    keeps the version it started with as its records' `policy_version`.
     """
 
-    window = 1
-
-    def __init__(self, engine: InferenceEngine, workflow: MultiTurnWorkflow,
+    def __init__(self, engine: StreamingEngine, workflow: MultiTurnWorkflow,
                  turn: TurnSettings, over_rollout: OverRolloutConfig,
-                 heartbeat: Path | None = None) -> None:
+                 heartbeat: Path | None = None, window: int = 1) -> None:
         """`heartbeat`: the explorer's heartbeat file as a previous process left it; the
         stragglers it had in flight (`in_flight`) are lost, reported as
         `over_rollout/lost_on_restart` at the first step."""
         self.engine = engine if isinstance(engine, SerialEngine) else SerialEngine(engine)
-        """The engine the task threads share (new weights go in through it)."""
+        """The engine the rollout loop shares (new weights go in through it)."""
         check_env(workflow.env, workflow.env_args)  # a bad name or env_args: UserError now
         self.workflow = with_tools(workflow, self.engine.prompt, self.engine.tokenizer)
         self.rollouts = RolloutLoop(self.engine, shared_host=is_async_env(self.workflow.env))
         """Where the tasks run: an event loop, the turn batcher and the env hosts."""
         self.turn = turn
         self.over_rollout = over_rollout
-        self._in_flight: list[_Running] = []
+        self.window = window
+        self._open: list[_OpenStep] = []
+        self._carried: list[_Running] = []
         self._done: queue.Queue[_Running] = queue.Queue()
+        self._closed: list[CompletedStep] = []
+        self._handed_back: float | None = None
         self._lost = 0
-        self._submitted: StepTasks | None = None
-        self._finished: CompletedStep | None = None
         if heartbeat is not None:
             try:
                 self._lost = int(read_json(heartbeat).get("in_flight", 0))
@@ -93,8 +112,12 @@ class MultiTurnExplorer:
 
     @property
     def in_flight(self) -> int:
-        """Tasks still running (carried stragglers between steps)."""
-        return len(self._in_flight)
+        """Tasks still running (carried stragglers and the open steps' tasks; after `close`,
+        the tasks it cancelled)."""
+        return sum(r.outcome is None or r.cancelled for r in self._running())
+
+    def _running(self) -> list[_Running]:
+        return self._carried + [r for o in self._open for r in o.running]
 
     def _start(self, running: _Running, step: int, seed: int) -> None:
         loop = self.rollouts
@@ -114,36 +137,67 @@ class MultiTurnExplorer:
         running.future.add_done_callback(done)
 
     def __len__(self) -> int:
-        """1 from a step's submission until it is handed back, else 0."""
-        return int(self._submitted is not None or self._finished is not None)
+        """Steps submitted and not yet handed back."""
+        return len(self._open) + len(self._closed)
 
     @property
     def has_room(self) -> bool:
-        """Whether no step is in flight."""
-        return not len(self)
+        """Whether fewer than `window` steps are running."""
+        return len(self._open) < self.window
 
     def submit(self, step: StepTasks) -> None:
-        """Take the step that `advance` runs."""
+        """Start the step's tasks."""
         if not self.has_room:
-            raise RuntimeError(f"step {step.step} submitted while another is in flight")
-        self._submitted = step
+            raise RuntimeError(f"step {step.step} submitted with {self.window} in flight")
+        if self._handed_back is None:
+            self._handed_back = time.monotonic()
+        running = [_Running(task, group_id, step.step, self.engine.version)
+                   for task, group_id in zip(step.tasks, step.group_ids, strict=True)]
+        for j, r in enumerate(running):
+            self._start(r, step.step, step.seed + j)
+        need = math.ceil(self.over_rollout.ratio * max(len(step.tasks), 1) - 1e-9)
+        self._open.append(_OpenStep(step, running, need, self.engine.version))
 
     def advance(self) -> None:
-        """Run the submitted step whole (`run_step`); its `seconds` are the run's."""
-        step, self._submitted = self._submitted, None
-        if step is None:
-            return
-        t0 = time.monotonic()
-        experiences, metrics = self._run(step.tasks, step.group_ids, step=step.step,
-                                         seed=step.seed, last=step.last)
-        self._finished = CompletedStep(step.step, self.engine.version, experiences, metrics,
-                                       time.monotonic() - t0)
+        """Wait for a task to finish (at most `ADVANCE_SECONDS` while more steps may be
+        submitted, else until one does) and close the steps it completes, in order."""
+        wait = ADVANCE_SECONDS if self.has_room else None
+        try:
+            self._done.get(timeout=wait)
+            while True:
+                self._done.get_nowait()
+        except queue.Empty:
+            pass
+        while self._open and self._close(self._open[0]):
+            self._open.pop(0)
+
+    def _close(self, o: _OpenStep) -> bool:
+        """Close the oldest open step once enough tasks are done (its own and those carried
+        into it: all of them if fewer are in flight); False while it is not."""
+        candidates = o.running + self._carried
+        done = [r for r in candidates if r.outcome is not None and not r.cancelled]
+        if len(done) < min(o.need, len(candidates)):
+            return False
+        ids = {id(r) for r in done}
+        stragglers = [r for r in candidates if id(r) not in ids]
+        drop = self.over_rollout.stragglers == "drop" or o.step.last
+        for r in stragglers if drop else []:
+            r.cancel()
+        self._carried = [] if drop else stragglers
+        experiences, metrics = self._collect(done, o.step.step, o.version,
+                                             dropped=stragglers if drop else [],
+                                             carried=0 if drop else len(stragglers))
+        now = time.monotonic()
+        assert self._handed_back is not None
+        seconds, self._handed_back = now - self._handed_back, now
+        self._closed.append(CompletedStep(o.step.step, o.version, experiences, metrics,
+                                          seconds))
+        return True
 
     def completed(self) -> Iterator[CompletedStep]:
-        """The step `advance` ran, once."""
-        done, self._finished = self._finished, None
-        if done is not None:
-            yield done
+        """The steps closed since the last call, in order."""
+        closed, self._closed = self._closed, []
+        yield from closed
 
     def run_step(self, tasks: Sequence[Task], *, first_group_id: int, step: int, seed: int,
                  last: bool = False) -> tuple[list[Experience], dict[str, float]]:
@@ -153,33 +207,17 @@ class MultiTurnExplorer:
 
         A task that crashed the explorer's own code (not its environment) raises here.
         """
-        return self._run(tasks, range(first_group_id, first_group_id + len(tasks)),
-                         step=step, seed=seed, last=last)
+        self.submit(StepTasks(step, list(tasks), range(first_group_id,
+                                                       first_group_id + len(tasks)),
+                              seed, last=last))
+        while True:
+            self.advance()
+            for done in self.completed():
+                if done.step == step:
+                    return done.experiences, done.metrics
 
-    def _run(self, tasks: Sequence[Task], group_ids: Sequence[int], *, step: int, seed: int,
-             last: bool) -> tuple[list[Experience], dict[str, float]]:
-        """`run_step` with each task's group id given."""
-        for j, (task, group_id) in enumerate(zip(tasks, group_ids, strict=True)):
-            running = _Running(task, group_id, step, self.engine.version)
-            self._in_flight.append(running)
-            self._start(running, step, seed + j)
-        need = min(len(self._in_flight),
-                   math.ceil(self.over_rollout.ratio * max(len(tasks), 1) - 1e-9))
-        finished: list[_Running] = []
-        while len(finished) < need or not self._done.empty():
-            running = self._done.get()
-            if not running.cancelled:
-                finished.append(running)
-        ids = {id(r) for r in finished}
-        stragglers = [r for r in self._in_flight if id(r) not in ids]
-        drop = self.over_rollout.stragglers == "drop" or last
-        for r in stragglers if drop else []:
-            r.cancel()
-        self._in_flight = [] if drop else stragglers
-        return self._collect(finished, step, dropped=stragglers if drop else [],
-                             carried=0 if drop else len(stragglers))
-
-    def _placeholders(self, r: _Running, step: int, reason: str) -> list[Experience]:
+    def _placeholders(self, r: _Running, step: int, version: int,
+                      reason: str) -> list[Experience]:
         """`repeat` records of a task that yielded none: its prompt with mask 0 (nothing to
         train on, reward 0, an all-equal group), so that the step keeps its record count and
         the trainer's batches stay aligned with explorer steps (no wait for records that
@@ -189,11 +227,12 @@ class MultiTurnExplorer:
                            response_mask=np.zeros(len(prompt), np.uint8),
                            logprobs=np.zeros(len(prompt), np.float32), reward=0.0,
                            task_id=r.task.task_id, group_id=r.group_id, taskset=r.task.taskset,
-                           policy_version=self.engine.version, step=step,
+                           policy_version=version, step=step,
                            info={"placeholder": reason, "turns": 0, "done": False})
                 for _ in range(self.turn.repeat)]
 
-    def _collect(self, finished: list[_Running], step: int, *, dropped: list[_Running],
+    def _collect(self, finished: list[_Running], step: int, version: int, *,
+                 dropped: list[_Running],
                  carried: int) -> tuple[list[Experience], dict[str, float]]:
         finished.sort(key=lambda r: (r.started, r.group_id))
         crashed = [r for r in finished if r.outcome is not None and r.outcome.status == "crash"]
@@ -210,13 +249,13 @@ class MultiTurnExplorer:
                 records = outcome.experiences
                 trained.extend(records)
             else:
-                records = self._placeholders(r, step, "dropped" if outcome is None
+                records = self._placeholders(r, step, version, "dropped" if outcome is None
                                              else outcome.status)
             for e in records:
                 e.step = step
                 if r.started != step:  # one version per explorer step (the ledger's, audited)
                     e.info.update(carried_from=r.started, first_version=e.policy_version)
-                    e.policy_version = self.engine.version
+                    e.policy_version = version
             experiences.extend(records)
         metrics: dict[str, float] = {
             "tasks_finished": float(sum(o.status == "ok" for o in outcomes)),
@@ -243,8 +282,9 @@ class MultiTurnExplorer:
     def close(self) -> None:
         """Cancel every task still running (their hosts are killed); they still count in
         `in_flight`, which the last heartbeat reports as lost."""
-        for r in self._in_flight:
-            r.cancel()
+        for r in self._running():
+            if r.outcome is None:
+                r.cancel()
         self.rollouts.close()
 
 

@@ -113,12 +113,15 @@ def single_turn_workflow(config: ExperimentConfig, run: RunDir, role: str,
 
 def multi_turn_workflow(config: ExperimentConfig, run: RunDir, role: str,
                         start_engine: EngineStarter) -> Workflow:
-    """Multi-turn steps against environments, one at a time, closed by over-rollout; it
-    reports the stragglers a previous process of `role` lost (its heartbeat)."""
+    """Multi-turn steps against environments, `steps_in_flight` at once, closed by
+    over-rollout; it reports the stragglers a previous process of `role` lost (its
+    heartbeat)."""
     cfg = config.explorer
-    return MultiTurnExplorer(start_engine(), cfg.workflow, TurnSettings(
+    workflow = MultiTurnExplorer(start_engine(), cfg.workflow, TurnSettings(
         cfg.repeat, cfg.max_new_tokens, cfg.temperature), cfg.over_rollout,
-        heartbeat=run.heartbeat(role))
+        heartbeat=run.heartbeat(role), window=steps_in_flight(config))
+    log.info("up to %d steps in flight", workflow.window)
+    return workflow
 
 
 WORKFLOWS: dict[str, WorkflowBuilder] = {"single_turn": single_turn_workflow,

@@ -54,3 +54,20 @@ class UnevenPace(Environment):
             time.sleep(self.seconds)
         return StepResult("+", 0.0, self.turn == 3,
                           {f"end_{self.turn}": next(_ORDER), "slow": int(self.slow)})
+
+
+class PacedByTask(Environment):
+    """`async def`, one turn: a task whose answer is `slow` waits `seconds`, the others
+    answer at once; each step reports when it ended, in this process's order (`end`)."""
+
+    def __init__(self, seconds: float = 1.0) -> None:
+        self.seconds, self.slow = seconds, False
+
+    async def reset(self, task: Task, seed: int) -> str:  # type: ignore[override]
+        self.slow = task.answer == "slow"
+        return "0-9="
+
+    async def step(self, action: str) -> StepResult:  # type: ignore[override]
+        if self.slow:
+            await asyncio.sleep(self.seconds)
+        return StepResult("", 1.0, True, {"end": next(_ORDER)})

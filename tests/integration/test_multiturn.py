@@ -2,8 +2,11 @@
 that raise or hang cost their task only, over-rollout closes steps before the stragglers."""
 
 import json
+import os
+import signal
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -238,3 +241,71 @@ def test_a_trajectorys_next_turn_does_not_wait_for_its_group(engine):
     assert slow and fast and all(r["turns"] == 3 for r in slow + fast)
     # every fast trajectory played its three turns while the slow ones were in their first
     assert max(r["end_3"] for r in fast) < min(r["end_1"] for r in slow)
+
+
+def test_steps_in_flight_run_together_and_are_handed_back_in_order(engine):
+    from rft_hpc.explorer.protocols import StepTasks
+
+    workflow = MultiTurnWorkflow(env="helpers.agent_envs:PacedByTask", max_turns=1,
+                                 max_timeout=60.0, env_args={"seconds": 1.0})
+    mt = MultiTurnExplorer(engine, workflow, TurnSettings(repeat=2, max_new_tokens=2,
+                                                          temperature=1.0),
+                           OverRolloutConfig(), window=2)
+    try:
+        slow, fast = Task("s", prompt="", answer="slow"), Task("f", prompt="", answer="1")
+        mt.submit(StepTasks(0, [slow, fast], [0, 1], seed=1))
+        assert mt.has_room
+        mt.submit(StepTasks(1, [Task("g", prompt="", answer="2")], [2], seed=2))
+        assert not mt.has_room and len(mt) == 2
+        done = []
+        while len(done) < 2:
+            mt.advance()
+            done += list(mt.completed())
+    finally:
+        mt.close()
+    assert [d.step for d in done] == [0, 1] and len(mt) == 0
+    ends = {r.task_id: r.info["end"] for d in done for r in d.experiences}
+    # step 1 played while step 0 waited on its slow task, and was handed back after it
+    assert ends["g"] < ends["s"] and all(r.step == 1 for r in done[1].experiences)
+
+
+def test_an_agent_explorer_killed_with_trajectories_in_flight_resumes_and_audits(
+        tmp_path, tiny_model):
+    # an async environment (one trajectory in eight waits 1 s), two steps in flight
+    args = [sys.executable, "-m", "rft_hpc.cli", "run", ROOT / "configs" / "multiturn.yaml",
+            "--set", f"run.root={tmp_path}", "--set", f"model.path={tiny_model}",
+            "--set", "trainer.steps=6", "--set", "trainer.batch_size=16",
+            "--set", "sync.offset=1", "--set", "explorer.workflow.max_turns=1",
+            "--set", "explorer.workflow.env=tools.bench.pipeline_env:DelayedAnswer",
+            "--set", 'explorer.workflow.env_args={"delay": 1.0}']
+    stage = tmp_path / "multiturn" / "stages" / "0-main"
+    first = subprocess.Popen(args, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             text=True)
+    killed = None
+    deadline = time.monotonic() + 240
+    while killed is None and time.monotonic() < deadline and first.poll() is None:
+        try:
+            beat = json.loads((stage / "state" / "explorer-0.json").read_text())
+        except (OSError, ValueError):
+            beat = {}
+        if beat.get("step", 0) >= 2 and beat.get("in_flight", 0) > 0:
+            os.kill(beat["pid"], signal.SIGKILL)
+            killed = beat
+        time.sleep(0.02)
+    first.communicate(timeout=120)
+    assert killed is not None and first.returncode != 0
+    second = subprocess.run(args, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert second.returncode == 0, second.stdout[-3000:] + second.stderr[-3000:]
+    audit = subprocess.run([sys.executable, "-m", "rft_hpc.cli", "audit",
+                            tmp_path / "multiturn", "--json"], cwd=ROOT, capture_output=True,
+                           text=True, timeout=120)
+    report = json.loads(audit.stdout)
+    assert audit.returncode == 0 and report["ok"], audit.stdout[-4000:]
+    records = [r for _, p in iter_segments(stage / "buffer")
+               for r in read_segment(p).records()]
+    # every step once: the killed process's uncommitted steps were redone, none twice
+    keys = [(r.step, r.group_id, r.task_id) for r in records]
+    assert len(records) == 6 * 16 and len(set((r.step, r.group_id) for r in records)) == 6 * 4
+    assert sorted({r.step for r in records}) == list(range(6)) and len(keys) == 6 * 16
+    beat = json.loads((stage / "state" / "explorer-0.json").read_text())
+    assert beat["restarts"] >= 1

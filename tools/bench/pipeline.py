@@ -26,7 +26,10 @@ step. It measures, each figure beside the limit it is held to, in the same run:
     sync (`offset 0`) against async with only `sync.offset` set (so that the steps in flight
     cover a step's latency, `delay + t_gen`, plus a backlog of `TAIL_BACKLOG` committed
     steps), and the trainer's busy fraction (its step time not spent waiting for data);
-    beside it the same tuned by hand (the reward workers a step's slow groups need);
+    beside it the same tuned by hand (the reward workers a step's slow groups need); and
+    the same wait in an `async def` environment instead of the reward, on one trajectory in
+    eight (the multi-turn workflow with one turn, tools/bench/pipeline_env.py), sync against
+    async with only `sync.offset` set;
 
 A loop's rate is taken from the trainer's metrics between its 3rd and last step (start-up,
 the first weights and the first batch left out). Under each loop it prints where a step's
@@ -58,6 +61,7 @@ BATCH, TASKS, REPEAT, TOKENS = 64, 8, 8, 5
 WARM = 2  # trainer steps left out of a loop's rate
 IDLE = 0.1  # seconds a role sleeps between its steps when roles take turns (diagnostic)
 REWARD = "tools.bench.pipeline_reward:delayed"
+ENV = "tools.bench.pipeline_env:DelayedAnswer"
 TAIL_BACKLOG = 4  # (d): committed steps the async trainer may have in hand, past the delay
 
 
@@ -228,6 +232,13 @@ def bench(work: Path, steps: int, tokens: int = TOKENS, parts: str = "abcd") -> 
     tail_tuned = run_loop(work, "tail_tuned", config_path, *pinned, *tail,
                           f"sync.offset={ahead - 1}", f"explorer.steps_in_flight={ahead}",
                           f"explorer.reward_workers={workers}")
+    env = (f"explorer.workflow={{type: multi_turn, env: {ENV}, env_args: {{delay: "
+           f"{delay:.4f}}}, max_turns: 1, max_timeout: {delay * 5 + 10}}}",)
+    env_sync = run_loop(work, "env_sync", config_path, *pinned, *env)
+    env_async = run_loop(work, "env_async", config_path, *pinned, *env,
+                         f"sync.offset={ahead - 1}")
+    out["d_env"] = {"sync": env_sync, "async": env_async, "busy": env_async["busy"],
+                    "ratio": env_async["completions_per_s"] / env_sync["completions_per_s"]}
     out["d_tail"] = {"delay_s": delay, "offset": ahead - 1, "reward_workers": workers,
                      "sync": tail_sync, "async": tail_async, "tuned": tail_tuned,
                      "ratio": tail_async["completions_per_s"] / tail_sync["completions_per_s"],
@@ -292,6 +303,16 @@ def report_d(r: dict) -> None:
           f"flight {d['offset'] + 1}): {d['tuned']['completions_per_s']:.1f} completions/s, "
           f"async/sync {d['tuned_ratio']:.2f}, trainer busy {d['tuned']['busy']:.3f}")
     for label, x in (("sync", d["sync"]), ("async", d["async"]), ("tuned", d["tuned"])):
+        print(f"    {label:5} step medians, ms: trainer {x['trainer_ms']}, explorer "
+              f"{x['explorer_ms']}")
+    e = r["d_env"]
+    print(f"(d) the same wait in an async def environment (multi-turn workflow, one turn; one "
+          f"trajectory in 8 waits), defaults: sync {e['sync']['completions_per_s']:.1f}, "
+          f"async (only sync.offset {d['offset']} set) {e['async']['completions_per_s']:.1f} "
+          f"completions/s: async/sync {e['ratio']:.2f} (target >= 2.5) "
+          f"{'ok' if e['ratio'] >= 2.5 else 'MISSED'}; trainer busy {e['busy']:.3f} (target "
+          f">= 0.9) {'ok' if e['busy'] >= 0.9 else 'MISSED'}")
+    for label, x in (("sync", e["sync"]), ("async", e["async"])):
         print(f"    {label:5} step medians, ms: trainer {x['trainer_ms']}, explorer "
               f"{x['explorer_ms']}")
 
