@@ -10,8 +10,12 @@ import time
 
 import numpy as np
 import pytest
+import torch
 from helpers.chat_models import chat_model
 
+from rft_hpc.batch.logprobs import token_logprobs
+from rft_hpc.batch.tokens import collate
+from rft_hpc.buffer.records import Experience
 from rft_hpc.config.prompt import PromptConfig
 from rft_hpc.config.workflow import MultiTurnWorkflow, OverRolloutConfig
 from rft_hpc.engines.hf import HFEngine
@@ -103,12 +107,6 @@ class ScriptedFirstTurn:
             + self.engine.poll()
 
     def script(self, temperature):
-        import torch
-
-        from rft_hpc.batch.logprobs import token_logprobs
-        from rft_hpc.batch.tokens import collate
-        from rft_hpc.buffer.records import Experience
-
         p = self.opening
         tokens = self.engine.plain_tokens(self.first) + self.engine.stop_ids[:1]
         record = Experience(tokens=np.asarray(list(p) + tokens, np.int32), prompt_length=len(p),
@@ -153,6 +151,14 @@ def test_a_policy_that_calls_a_tool_gets_the_result_in_its_familys_format(
         # the policy's second turn is sampled after the result, at mask 1; the rest is 0
         second = np.flatnonzero(mask[start + len(call):])
         assert len(second) > 0 and mask[start + len(call):].sum() == len(second)
+    # the trainer's recomputed log-probs equal the engine's on every policy token
+    batch = collate(records, pad_id=engine.pad_id)
+    with torch.no_grad():
+        recomputed = token_logprobs(engine.model, batch, temperature=1.0)
+    policy = batch.loss_mask.bool()
+    assert int(policy.sum()) == sum(int(r.response_mask.sum()) for r in records)
+    np.testing.assert_allclose(recomputed[policy].numpy(), batch.old_logprobs[policy].numpy(),
+                               atol=2e-5)
 
 
 def test_the_report_plots_the_tool_call_rates(tmp_path):
