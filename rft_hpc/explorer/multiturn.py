@@ -209,18 +209,11 @@ class _Trajectory:
 
 
 START_SECONDS = 10.0
-"""The least time a worker gets to start and build its environments."""
+"""The least time a host gets to start and build its environments."""
 
 
 def _seed(*parts: int) -> int:
     return int(np.random.SeedSequence(list(parts)).generate_state(1)[0])
-
-
-class _Budget:
-    """The environment time a task attempt has left (its calls' seconds, summed)."""
-
-    def __init__(self, seconds: float) -> None:
-        self.left = seconds
 
 
 @dataclass
@@ -236,17 +229,17 @@ class _Attempt:
     turn: TurnSettings
     seed: int
     version: int
-    budget: _Budget
+    left: float
+    """The environment time the attempt has left (its calls' seconds, summed)."""
 
     async def env(self, method: str, index: int, *args: object) -> EnvValue:
         """`method` of the trajectory's environment, within the attempt's budget."""
         t0 = time.monotonic()
         try:
-            return await self.host.call(self.key, index, method, *args,
-                                        timeout=self.budget.left)
+            return await self.host.call(self.key, index, method, *args, timeout=self.left)
         finally:
             took = time.monotonic() - t0
-            self.budget.left -= took
+            self.left -= took
             self.batcher.env_call_took(took)
 
 
@@ -265,7 +258,7 @@ async def run_task(engine: SerialEngine, batcher: TurnBatcher, hosts: HostSource
     for attempt in range(workflow.max_retry_times + 1):
         outcome.retries = attempt
         host, own = await hosts.host()
-        ok = False
+        ok = timed_out = False
         key = next(_attempts)
         try:
             # Starting the host is not the environment's time (a fork takes seconds on a
@@ -274,10 +267,11 @@ async def run_task(engine: SerialEngine, batcher: TurnBatcher, hosts: HostSource
             await host.build(key, workflow.env, workflow.env_args, turn.repeat,
                              timeout=max(workflow.max_timeout, START_SECONDS))
             state = _Attempt(engine, batcher, host, key, task, workflow, turn,
-                             _seed(seed, attempt), version, _Budget(workflow.max_timeout))
+                             _seed(seed, attempt), version, workflow.max_timeout)
             trajectories = await _play(state)
             ok = True
         except EnvTimeout as exc:
+            timed_out = True
             outcome.timeouts += 1
             outcome.status, outcome.message = "timeout", str(exc)
             continue
@@ -286,7 +280,7 @@ async def run_task(engine: SerialEngine, batcher: TurnBatcher, hosts: HostSource
             outcome.status, outcome.message = "error", str(exc)
             continue
         finally:
-            await hosts.release(host, key, own=own, ok=ok)
+            await hosts.release(host, key, own=own, ok=ok, timed_out=timed_out)
         outcome.status = "ok"
         outcome.experiences = [_experience(t, task, group_id, step, attempt)
                                for t in trajectories]

@@ -45,15 +45,16 @@ class HostSource:
             self._host = EnvHost()
         return self._host, False
 
-    async def release(self, host: EnvHost, key: int, *, own: bool, ok: bool) -> None:
-        """The attempt is over (`ok`: it finished): close the host it owns (killed unless
-        ok), else drop the attempt's environments from the shared host, killing the host
-        when a failed attempt finds it no longer answering."""
+    async def release(self, host: EnvHost, key: int, *, own: bool, ok: bool,
+                      timed_out: bool = False) -> None:
+        """The attempt is over (`ok`: it finished; `timed_out`: a call overran): close the
+        host it owns (killed unless ok), else drop the attempt's environments from the
+        shared host, killing the host when it no longer answers after a call overran."""
         if own:
             host.close(kill=not ok)
             return
         host.drop(key)
-        if not ok and not host.closed and not await host.responsive(PING_SECONDS):
+        if timed_out and not host.closed and not await host.responsive(PING_SECONDS):
             host.close(kill=True)
 
     def close(self) -> None:

@@ -71,3 +71,23 @@ class PacedByTask(Environment):
         if self.slow:
             await asyncio.sleep(self.seconds)
         return StepResult("", 1.0, True, {"end": next(_ORDER)})
+
+
+class BlocksItsLoopOnce(Environment):
+    """`async def` written wrong: the first step in this run (a marker file at `marker`
+    says whether it happened) blocks its process's event loop for `seconds` with a
+    synchronous sleep; the others answer at once and end the episode."""
+
+    def __init__(self, marker: str, seconds: float = 600.0) -> None:
+        self.marker, self.seconds = marker, seconds
+
+    async def reset(self, task: Task, seed: int) -> str:  # type: ignore[override]
+        return "0-9="
+
+    async def step(self, action: str) -> StepResult:  # type: ignore[override]
+        import os
+
+        if not os.path.exists(self.marker):
+            open(self.marker, "w").close()
+            time.sleep(self.seconds)  # the whole host stops answering
+        return StepResult("", 1.0, True)

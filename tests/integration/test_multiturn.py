@@ -309,3 +309,21 @@ def test_an_agent_explorer_killed_with_trajectories_in_flight_resumes_and_audits
     assert sorted({r.step for r in records}) == list(range(6)) and len(keys) == 6 * 16
     beat = json.loads((stage / "state" / "explorer-0.json").read_text())
     assert beat["restarts"] >= 1
+
+
+def test_an_async_host_that_stops_answering_is_replaced(engine, tmp_path):
+    workflow = MultiTurnWorkflow(env="helpers.agent_envs:BlocksItsLoopOnce", max_turns=1,
+                                 max_timeout=2.0, max_retry_times=1,
+                                 env_args={"marker": str(tmp_path / "blocked")})
+    mt = MultiTurnExplorer(engine, workflow, TurnSettings(repeat=2, max_new_tokens=2,
+                                                          temperature=1.0), OverRolloutConfig())
+    try:
+        records, metrics = mt.run_step([Task("t0", prompt="", answer="1")], first_group_id=0,
+                                       step=0, seed=1)
+        # the first attempt overran, its host did not answer a ping and was killed; the
+        # retry ran on a new host
+        assert metrics["env/timeouts"] == 1 and metrics["env/retries"] == 1
+        assert metrics["tasks_finished"] == 1 and all(r.reward == 1.0 for r in records)
+        assert mt.rollouts.hosts.started == 2
+    finally:
+        mt.close()
