@@ -2,8 +2,8 @@
 the tools, as the trajectory a multi-turn explorer would record had the policy made them.
 
 A task names its calls in `info.tool_calls` (a list of `{"name", "arguments"}`, made in one
-turn; the `products` task source writes them). Its demonstration is built token in, token
-out, exactly as `rft_hpc.explorer.multiturn` builds a trajectory: the prompt (with the
+turn; the `lookup` and `products` task sources write them). Its demonstration is built token
+in, token out, exactly as `rft_hpc.explorer.multiturn` builds a trajectory: the prompt (with the
 tools' schemas), the assistant's turn (the calls in the family's syntax,
 `tasks.tool_calls.format_tool_calls`, and its end-of-turn token), the template's closing of
 that turn and the tool results rendered as the template's `tool` messages (what `ToolEnv`
@@ -34,10 +34,11 @@ if TYPE_CHECKING:
 
 
 def demo_calls(task: Task) -> list[ToolCall]:
-    """The calls of `task`'s demonstration (`info.tool_calls`); UserError naming the task
-    when they are missing or not `{"name": str, "arguments": {...}}` objects."""
+    """The calls of `task`'s demonstration (`info.tool_calls`; an empty list: none, the
+    demonstration answers at once); UserError naming the task when they are missing or not
+    `{"name": str, "arguments": {...}}` objects."""
     raw: Any = task.info.get("tool_calls")
-    if not isinstance(raw, list) or not raw:
+    if not isinstance(raw, list):
         raise UserError(f"task {task.task_id}: data source tasks with prompt.tools build "
                         "demonstrations of tool use from each task's info.tool_calls (a "
                         "list of {name, arguments}), which this task lacks")
@@ -55,7 +56,8 @@ def tool_demonstrations(tasks: Sequence[Task], tokenizer: PreTrainedTokenizerBas
                         prompt: PromptConfig, workflow: MultiTurnWorkflow) -> list[SFTSample]:
     """One SFT sample per task: its demonstration (module docstring), with mask 1 on
     exactly the assistant's tokens (its call turn and its answer turn, each end-of-turn
-    token included). UserError when a task's calls fail (an unknown tool, one that raises)
+    token included; a task whose `info.tool_calls` is empty: the answer turn alone, right
+    after the prompt). UserError when a task's calls fail (an unknown tool, one that raises)
     or its answer does not earn the task's full reward: a demonstration must be right."""
     chat = ChatTurns(tokenizer)
     env = tool_env(prompt.tools, workflow, tool_syntax(tokenizer))
@@ -72,21 +74,23 @@ def _demonstration(task: Task, tokenizer: PreTrainedTokenizerBase, prompt: Promp
         tokens.extend(ids)
         mask.extend([trained] * len(ids))
 
-    text = format_tool_calls(demo_calls(task), env.syntax)
-    turn = [*_ids(tokenizer, text), chat.end_of_turn]
-    add(turn, 1)
-    results = env.step(text)
-    failed = {k: n for k, n in results.counts.items() if k != "tool_calls" and n}
-    if failed or not isinstance(results.observation, list):
-        raise UserError(f"task {task.task_id}: its info.tool_calls failed ({failed}): "
-                        f"{results.observation!r}")
-    add(chat.close_turn(turn) + chat.messages(results.observation), 0)
+    calls = demo_calls(task)
+    if calls:
+        text = format_tool_calls(calls, env.syntax)
+        turn = [*_ids(tokenizer, text), chat.end_of_turn]
+        add(turn, 1)
+        results = env.step(text)
+        failed = {k: n for k, n in results.counts.items() if k != "tool_calls" and n}
+        if failed or not isinstance(results.observation, list):
+            raise UserError(f"task {task.task_id}: its info.tool_calls failed ({failed}): "
+                            f"{results.observation!r}")
+        add(chat.close_turn(turn) + chat.messages(results.observation), 0)
     add([*_ids(tokenizer, task.answer), chat.end_of_turn], 1)
     if env.step(task.answer).reward < 1.0:
         raise UserError(f"task {task.task_id}: its answer {task.answer!r} does not earn the "
                         "task's full reward: no demonstration can be built")
     return SFTSample(tokens, prompt_length, response_mask=mask, task_id=task.task_id,
-                     taskset=task.taskset, info={"demonstration": "tool_calls"})
+                     taskset=task.taskset, info={"tool_calls": len(calls)})
 
 
 def _ids(tokenizer: PreTrainedTokenizerBase, text: str) -> list[int]:

@@ -1,8 +1,9 @@
 """The example configs that no other test runs, run shrunk to a few steps as `rft-hpc run`
 runs them: the SFT warm-up (configs/sft.yaml) and SFT-then-DPO (configs/dpo.yaml). The others
 run elsewhere: demo and the RL algorithms in test_rl_algorithms_learn.py, pipeline.yaml in
-test_pipeline_run.py, multiturn.yaml in test_multiturn.py, the CPU recipe in
-test_real_workload.py. The GPU recipe cannot run here: it is validated and rendered."""
+test_pipeline_run.py, multiturn.yaml in test_multiturn.py, the CPU recipes in
+test_real_workload.py and test_tool_recipe.py. The GPU recipes cannot run here: they are
+validated and rendered."""
 
 from __future__ import annotations
 
@@ -61,3 +62,27 @@ def test_the_gpu_recipe_validates_and_renders_with_its_paths_set(tmp_path: Path)
     scripts = sorted(p.name for p in (tmp_path / "scripts").iterdir())
     assert "submit.sh" in scripts and any("explorer" in s for s in scripts) \
         and any("trainer" in s for s in scripts), scripts
+
+
+def test_the_gpu_tool_recipe_validates_and_renders_with_its_paths_set(tmp_path: Path) -> None:
+    """configs/recipes/tools-gpu.yaml cannot run here (GPUs); with MODEL_DIR and RUN_ROOT
+    pointing at a tiny Qwen2 chat model (whose template takes tools) it validates and
+    renders every role's sbatch script, the SFT stage's trainer included."""
+    env = {**os.environ, "MODEL_DIR": str(tmp_path / "model"),
+           "RUN_ROOT": str(tmp_path / "runs")}
+    steps = (("model", "init", "tiny", "--arch", "qwen2", "--out", env["MODEL_DIR"]),
+             ("validate", "configs/recipes/tools-gpu.yaml"),
+             ("render", "configs/recipes/tools-gpu.yaml", "--out", str(tmp_path / "scripts")))
+    for args in steps:
+        result = rft(*args, env=env, timeout=300)
+        assert result.returncode == 0, (args, result.stdout[-2000:], result.stderr[-2000:])
+    scripts = sorted(p.name for p in (tmp_path / "scripts").iterdir())
+    assert "submit.sh" in scripts and any("sft" in s and "trainer" in s for s in scripts) \
+        and any("explorer" in s for s in scripts), scripts
+
+
+def test_the_cpu_tool_recipe_validates() -> None:
+    """configs/recipes/tools-cpu.yaml as shipped (its run is test_tool_recipe.py's)."""
+    result = rft("validate", "configs/recipes/tools-cpu.yaml", timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "OK: configs/recipes/tools-cpu.yaml" in result.stdout

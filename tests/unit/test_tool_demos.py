@@ -1,7 +1,8 @@
 """Demonstrations of tool use for an SFT warm-up (rft_hpc/envs/tool_demos.py), per family: a
 task's calls in the family's syntax, the tools' real results, the answer; token in and token
 out as the explorer builds a trajectory, trained on the assistant's two turns only. And the
-`products` task source (rft_hpc/tasks/products.py) they are built from."""
+`products` and `lookup` task sources (rft_hpc/tasks/products.py, lookup.py) they are built
+from."""
 
 from __future__ import annotations
 
@@ -17,7 +18,9 @@ from rft_hpc.config.prompt import PromptConfig
 from rft_hpc.config.workflow import MultiTurnWorkflow
 from rft_hpc.core.errors import UserError
 from rft_hpc.envs.calculator import multiply
+from rft_hpc.envs.codebook import LETTERS, lookup
 from rft_hpc.envs.tool_demos import tool_demonstrations
+from rft_hpc.tasks.lookup import lookup_tasks
 from rft_hpc.tasks.products import product_tasks
 from rft_hpc.tasks.source import build_tasks
 from rft_hpc.tasks.task import Task
@@ -87,6 +90,36 @@ def test_demonstrations_need_right_calls_and_answers(tmp_path):
                             WORKFLOW)
 
 
+def test_a_task_without_calls_is_demonstrated_answering_at_once(tmp_path):
+    tok = AutoTokenizer.from_pretrained(str(chat_model(tmp_path / "mistral", "mistral")))
+    prompt = PromptConfig(format="chat", tools=["rft_hpc.envs.codebook:lookup"])
+    train, _ = lookup_tasks(4, train_size=40, eval_size=10, seed=3)
+    train = [replace(t, info={"tool_calls": []}) if i % 4 else t for i, t in enumerate(train)]
+    records = tool_demonstrations(train, tok, prompt, WORKFLOW)
+    direct = [(t, r) for t, r in zip(train, records, strict=True) if not t.info["tool_calls"]]
+    assert len(direct) == 30
+    for task, record in direct:
+        assert spans(record.response_mask) == [(record.prompt_length, len(record.tokens))]
+        assert tok.decode(record.tokens[record.prompt_length:-1]) == task.answer
+    called = next(r for t, r in zip(train, records, strict=True) if t.info["tool_calls"])
+    assert len(spans(called.response_mask)) == 2
+
+
+def test_lookup_tasks_hold_their_answers_in_the_tool():
+    train, held_out = lookup_tasks(4, train_size=300, eval_size=100, seed=1)
+    assert not {t.task_id for t in train} & {t.task_id for t in held_out}
+    assert lookup_tasks(4, train_size=300, eval_size=100, seed=1) == (train, held_out)
+    for task in train + held_out:
+        account = task.info["tool_calls"][0]["arguments"]["account"]
+        assert 1000 <= account <= 9999
+        assert task.prompt == f"What is the code of account {account}?"
+        assert task.answer == lookup(account) and task.answer in LETTERS
+        assert not set(task.prompt) & set(LETTERS)
+    # every letter is a code, none much more often than chance (1 in 11)
+    counts = [sum(t.answer == c for t in train) for c in LETTERS]
+    assert min(counts) > 0 and max(counts) < 2 * len(train) / len(LETTERS)
+
+
 def test_product_tasks_are_split_apart_and_repeatable():
     train, held_out = product_tasks(3, train_size=300, eval_size=100, seed=1)
     assert (len(train), len(held_out)) == (300, 100)
@@ -99,11 +132,14 @@ def test_product_tasks_are_split_apart_and_repeatable():
         assert task.answer == str(args["a"] * args["b"])
 
 
-def test_the_products_source_is_configured_by_its_keys():
+@pytest.mark.parametrize(("source", "space"), [({"type": "products", "digits": 1}, 100),
+                                               ({"type": "lookup", "digits": 2}, 90)])
+def test_the_generated_sources_are_configured_by_their_keys(source, space):
     config = ExperimentConfig.model_validate(
-        {"tasks": {"type": "products", "digits": 1, "train_size": 90, "eval_size": 10}})
+        {"tasks": {**source, "train_size": space - 10, "eval_size": 10}})
     train, held_out = build_tasks(config.tasks, seed=0)
-    assert len(train) == 90 and len(held_out) == 10 and train[0].reward == "exact_match"
-    too_many = config.tasks.model_copy(update={"train_size": 95})
+    assert len(train) == space - 10 and len(held_out) == 10
+    assert train[0].reward == "exact_match"
+    too_many = config.tasks.model_copy(update={"train_size": space})
     with pytest.raises(UserError, match=r"tasks\.train_size"):
         build_tasks(too_many, seed=0)
