@@ -5,13 +5,25 @@ stage builds its demonstrations of tool use (`rft_hpc.envs.tool_demos`, docs/age
 
 from __future__ import annotations
 
+import hashlib
 import random
 
-from rft_hpc.envs.codebook import lookup
 from rft_hpc.tasks.task import Task
+
+LETTERS = "DFGHJKPQXYZ"
+"""The codes' letters: capitals that the prompts of the tool recipe (Mistral's template, the
+tool's schema, the question) do not write, so that a code's letters are found nowhere else
+in a trajectory: a tiny model learns to copy them sooner."""
 
 TOOL = "lookup"
 """The tool the tasks' demonstrations call (`rft_hpc.envs.codebook:lookup`)."""
+
+
+def account_code(account: int) -> str:
+    """The code of `account`: one of `LETTERS`, drawn by a hash of the number (the same
+    number always has the same code; the letters come about equally often)."""
+    digest = hashlib.sha256(f"rft-hpc codebook {account}".encode()).digest()
+    return LETTERS[int.from_bytes(digest[:8], "big") % len(LETTERS)]
 
 
 def lookup_tasks(digits: int = 4, train_size: int = 5000, eval_size: int = 500,
@@ -27,7 +39,7 @@ def lookup_tasks(digits: int = 4, train_size: int = 5000, eval_size: int = 500,
     rng = random.Random(seed)
     accounts = rng.sample(range(lo, hi), train_size + eval_size)
     tasks = [Task(task_id=f"account-{n}", prompt=f"What is the code of account {n}?",
-                  answer=lookup(n), taskset=f"lookup{digits}",
+                  answer=account_code(n), taskset=f"lookup{digits}",
                   info={"tool_calls": [{"name": TOOL, "arguments": {"account": n}}]})
              for n in accounts]
     return tasks[eval_size:], tasks[:eval_size]

@@ -18,9 +18,9 @@ from rft_hpc.config.prompt import PromptConfig
 from rft_hpc.config.workflow import MultiTurnWorkflow
 from rft_hpc.core.errors import UserError
 from rft_hpc.envs.calculator import multiply
-from rft_hpc.envs.codebook import LETTERS, lookup
+from rft_hpc.envs.codebook import lookup
 from rft_hpc.envs.tool_demos import tool_demonstrations
-from rft_hpc.tasks.lookup import lookup_tasks
+from rft_hpc.tasks.lookup import LETTERS, lookup_tasks
 from rft_hpc.tasks.products import product_tasks
 from rft_hpc.tasks.source import build_tasks
 from rft_hpc.tasks.task import Task
