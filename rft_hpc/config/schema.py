@@ -78,13 +78,14 @@ class ModelConfig(ConfigSection):
     a GPU (a trainer on a CUDA machine, vLLM on a GPU), else float32."""
 
     init: Literal["tiny", "tiny-llama-chat", "tiny-qwen2", "tiny-qwen3", "tiny-mistral",
-                  "tiny-qwen2-2layer"] | None = None
+                  "tiny-qwen2-2layer", "tiny-mistral-2layer"] | None = None
     """Build this model at `path` when the folder does not exist yet, for demos and tests:
     `tiny` is the ~1M parameter Llama of `rft-hpc model init tiny` (character tokenizer, no
     chat template); the others are tiny chat models of that family (`model init tiny --arch
     qwen2|qwen3|mistral`, or `--chat` for llama: a byte-level tokenizer with the family's
     special tokens and chat template); `tiny-qwen2-2layer` is tiny-qwen2 with two layers,
-    the CPU recipe's model."""
+    the CPU recipe's model, and `tiny-mistral-2layer` tiny-mistral with two layers, the tool
+    recipe's."""
 
     start_weights: ConfigPath | None = None
     """A published weights folder (weights/v<N>, e.g. of an earlier run) loaded over the

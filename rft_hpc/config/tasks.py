@@ -32,6 +32,52 @@ class ArithmeticTasks(ConfigSection):
     give it keyword arguments (docs/rewards.md)."""
 
 
+class ProductsTasks(ConfigSection):
+    """Generated products `What is a*b?` of `digits`-digit numbers, answered with the
+    `multiply` tool (`rft_hpc.envs.calculator:multiply` in `prompt.tools`; docs/agents.md).
+    Each task carries the call that solves it, from which `data: {source: tasks}` builds
+    demonstrations of tool use."""
+
+    type: Literal["products"] = "products"
+    """Selects generated products."""
+
+    digits: int = Field(3, ge=1, le=6)
+    """Digits of each factor (3: 100..999; products a tiny model cannot work out alone)."""
+
+    train_size: int = Field(5000, ge=1)
+    """Training problems, drawn at random (seeded by `run.seed`)."""
+
+    eval_size: int = Field(500, ge=1)
+    """Problems held out for evaluation (never trained on)."""
+
+    reward: RewardField = Field(default_factory=default_reward)
+    """Reward of the final answer (the turn without a tool call): a built-in name or
+    `package.module:function`, or `{name, args}` (docs/rewards.md)."""
+
+
+class LookupTasks(ConfigSection):
+    """Generated lookups `What is the code of account n?`, answered with the `lookup` tool
+    (`rft_hpc.envs.codebook:lookup` in `prompt.tools`; docs/agents.md). Each task carries
+    the call that solves it, from which `data: {source: tasks}` builds demonstrations of
+    tool use."""
+
+    type: Literal["lookup"] = "lookup"
+    """Selects generated lookups."""
+
+    digits: int = Field(4, ge=2, le=8)
+    """Digits of each account number."""
+
+    train_size: int = Field(5000, ge=1)
+    """Training accounts, drawn at random (seeded by `run.seed`)."""
+
+    eval_size: int = Field(500, ge=1)
+    """Accounts held out for evaluation (never trained on)."""
+
+    reward: RewardField = Field(default_factory=default_reward)
+    """Reward of the final answer (the turn without a tool call): a built-in name or
+    `package.module:function`, or `{name, args}` (docs/rewards.md)."""
+
+
 class DataKeys(ConfigSection):
     """Which column of a data source holds what (docs/data.md). Every other column goes
     into the task's (or record's) `info`, for rewards and workflows."""
@@ -139,4 +185,5 @@ class FileTasks(DataSourceFields):
 JsonlTasks = FileTasks
 """The earlier name of `FileTasks` (it read JSONL only)."""
 
-TasksConfig = Annotated[ArithmeticTasks | FileTasks, Field(discriminator="type")]
+TasksConfig = Annotated[ArithmeticTasks | ProductsTasks | LookupTasks | FileTasks,
+                        Field(discriminator="type")]

@@ -20,11 +20,14 @@ import inspect
 import json
 import threading
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rft_hpc.envs.base import Environment, Message, StepResult, build_env
 from rft_hpc.tasks.task import Task
 from rft_hpc.tasks.tool_calls import ParsedTurn, Syntax, ToolCall, load_tool, parse_tool_calls
+
+if TYPE_CHECKING:
+    from rft_hpc.config.workflow import MultiTurnWorkflow
 
 
 class ToolEnv(Environment):
@@ -117,3 +120,12 @@ def _results(turn: ParsedTurn, outcomes: list[tuple[str, str | None]]) -> StepRe
             counts[outcome] += 1
         messages.append({"role": "tool", "content": content})
     return StepResult(messages, 0.0, False, counts)
+
+
+def tool_env(tools: list[str], workflow: MultiTurnWorkflow, syntax: Syntax) -> ToolEnv:
+    """The `ToolEnv` a multi-turn explorer's workers build for `workflow` with `tools`
+    (`prompt.tools`): the workflow's environment wrapped, calls read in `syntax` (the
+    family's: `tool_syntax(tokenizer)`), each within `workflow.tool_timeout` seconds; for
+    the processes that play the workflow in their own (demonstrations, evaluation)."""
+    return ToolEnv(list(tools), syntax, env=workflow.env,
+                   env_args=dict(workflow.env_args), call_timeout=workflow.tool_timeout)

@@ -19,6 +19,7 @@ from rft_hpc.core.rundir import RunDir, atomic_write_json, read_json
 from rft_hpc.engines import build_engine
 from rft_hpc.eval.results import EVAL_RESULT_VERSION, result_path
 from rft_hpc.eval.scoring import heldout_scores
+from rft_hpc.eval.tool_trajectories import plays_tools, tool_task_scores
 from rft_hpc.runtime.common import load_stage, set_threads, write_heartbeat
 from rft_hpc.runtime.logs import at_step, setup_logging, step_line
 from rft_hpc.sync.weight_files import load_start_weights, load_weights
@@ -57,8 +58,9 @@ def run_evaluator(stage_dir: Path, index: int) -> dict[str, Any]:
     else:
         engine.load_weights(load_weights(run.weights, version), version)
     _, tasks = build_tasks(config.tasks, config.run.seed)
-    scores = heldout_scores(engine, tasks, config.eval,
-                            temperature=config.explorer.temperature, seed=config.run.seed)
+    scores = tool_task_scores(engine, tasks, config) if plays_tools(config) else heldout_scores(
+        engine, tasks, config.eval, temperature=config.explorer.temperature,
+        seed=config.run.seed)
     if hasattr(engine, "close"):
         engine.close()
     accuracy = scores.pop("eval_accuracy")

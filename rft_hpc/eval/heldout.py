@@ -20,6 +20,7 @@ from rft_hpc.config import ExperimentConfig
 from rft_hpc.core.rundir import write_jsonl
 from rft_hpc.engines.hf import HFEngine, load_policy
 from rft_hpc.eval.scoring import heldout_scores
+from rft_hpc.eval.tool_trajectories import plays_tools, tool_task_scores
 from rft_hpc.sync.weight_files import load_start_weights
 from rft_hpc.tasks.source import build_tasks
 from rft_hpc.tasks.task import Task
@@ -51,7 +52,9 @@ def evaluation_engine(config: ExperimentConfig, device: torch.device) -> HFEngin
 
 class HeldOutEvaluation:
     """Scores weights on the stage's eval split (`eval_accuracy`, `eval_reward`, ...) and
-    on each task set's (`taskset/<name>/eval_accuracy`, ...), with the `eval` settings."""
+    on each task set's (`taskset/<name>/eval_accuracy`, ...), with the `eval` settings: one
+    greedy answer per task, or with tools the workflow played greedily
+    (`eval.tool_trajectories`)."""
 
     def __init__(self, config: ExperimentConfig, device: torch.device) -> None:
         self.config, self.device = config, device
@@ -85,6 +88,8 @@ class HeldOutEvaluation:
     def _scores(self, tasks: list[Task], answers: list[dict[str, Any]] | None = None,
                 ) -> dict[str, float]:
         assert self._engine is not None
+        if plays_tools(self.config):
+            return tool_task_scores(self._engine, tasks, self.config, answers)
         return heldout_scores(self._engine, tasks, self.config.eval,
                               temperature=self.config.explorer.temperature,
                               seed=self.config.run.seed, answers=answers)

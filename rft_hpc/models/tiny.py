@@ -62,6 +62,9 @@ INIT_KINDS: dict[str, TinyModelSpec] = {
     # problems' copy-then-add in half the SFT steps of four (test_real_workload)
     "tiny-qwen2-2layer": TinyModelSpec(arch="qwen2", num_layers=2),
     "tiny-mistral": TinyModelSpec(arch="mistral"),
+    # the tool recipe's model (configs/recipes/tools-cpu.yaml): Mistral's template prompts
+    # the tools in less than half the tokens of Qwen's, byte by byte
+    "tiny-mistral-2layer": TinyModelSpec(arch="mistral", num_layers=2),
 }
 """The models `model.init` may name, with the spec each is built from."""
 

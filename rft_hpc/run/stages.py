@@ -20,8 +20,10 @@ from rft_hpc.buffer.jsonl import read_jsonl_records, write_new_writer
 from rft_hpc.buffer.offline import example_records, task_records
 from rft_hpc.config import ExperimentConfig, load_config
 from rft_hpc.config.launch import LaunchConfig
+from rft_hpc.config.workflow import MultiTurnWorkflow
 from rft_hpc.core.errors import UserError
 from rft_hpc.core.rundir import RunDir, atomic_write_json, atomic_write_text, read_json
+from rft_hpc.envs.tool_demos import tool_demonstrations
 from rft_hpc.eval.bench import RESULTS_FILE
 from rft_hpc.monitor.metrics import read_metrics
 from rft_hpc.runtime.common import freeze_config
@@ -198,8 +200,13 @@ def _import_offline_data(config: ExperimentConfig, run: RunDir) -> None:
                                       tok, prompt_format=config.prompt, stop_ids=stops)
         else:
             train, _ = build_tasks(config.tasks, config.run.seed)
-            records = task_records(train, tok, data.kind, config.run.seed,
-                                   prompt_format=config.prompt, stop_ids=stops)
+            flow = config.explorer.workflow
+            if config.prompt.tools and data.kind == "sft" and isinstance(flow, MultiTurnWorkflow):
+                # the explorer's trajectories with the tools: demonstrations of their use
+                records = tool_demonstrations(train, tok, config.prompt, flow)
+            else:
+                records = task_records(train, tok, data.kind, config.run.seed,
+                                       prompt_format=config.prompt, stop_ids=stops)
     if data.taskset is not None:
         for record in records:
             record.taskset = data.taskset

@@ -5,15 +5,28 @@ from __future__ import annotations
 from dataclasses import replace
 
 from rft_hpc.config.rewards import RewardSpec
-from rft_hpc.config.tasks import ArithmeticTasks, FileTasks
+from rft_hpc.config.tasks import ArithmeticTasks, FileTasks, LookupTasks, ProductsTasks
+from rft_hpc.core.errors import UserError
 from rft_hpc.tasks.arithmetic import arithmetic_tasks
 from rft_hpc.tasks.files import load_tasks
+from rft_hpc.tasks.lookup import lookup_tasks
+from rft_hpc.tasks.products import product_tasks
 from rft_hpc.tasks.task import Task
 
 
-def build_tasks(source: ArithmeticTasks | FileTasks, seed: int) -> tuple[list[Task], list[Task]]:
+def build_tasks(source: ArithmeticTasks | ProductsTasks | LookupTasks | FileTasks, seed: int,
+                ) -> tuple[list[Task], list[Task]]:
     """(train, eval) tasks; the same config and seed always give the same lists. A bad
     data source or row raises one `UserError` naming the file and row."""
+    if isinstance(source, ProductsTasks | LookupTasks):
+        try:
+            train, held_out = (
+                product_tasks(source.digits, source.train_size, source.eval_size, seed)
+                if isinstance(source, ProductsTasks) else
+                lookup_tasks(source.digits, source.train_size, source.eval_size, seed))
+        except ValueError as exc:
+            raise UserError(f"tasks.train_size / tasks.eval_size: {exc}") from exc
+        return _with_reward(train, source.reward), _with_reward(held_out, source.reward)
     if isinstance(source, ArithmeticTasks):
         train, held_out = arithmetic_tasks(source.digits, source.ops, source.eval_size, seed)
         return _with_reward(train, source.reward), _with_reward(held_out, source.reward)

@@ -13,6 +13,8 @@ syntaxes the families were trained on:
 
 A call that cannot be read (bad JSON, no name, arguments that are not an object) is kept as
 malformed with the reason, for the environment to answer and the metrics to count.
+`format_tool_calls` is the inverse: calls written as the family's template writes them (the
+assistant turns of tool-use demonstrations).
 """
 
 from __future__ import annotations
@@ -78,6 +80,23 @@ def parse_tool_calls(text: str, syntax: Syntax) -> ParsedTurn:
     if not body.startswith("{"):
         return ParsedTurn(text.strip())
     return _read("", [body], "parameters")
+
+
+def format_tool_calls(calls: list[ToolCall], syntax: Syntax, content: str = "") -> str:
+    """A turn's text that makes `calls` (after `content`, when given) in `syntax`, as the
+    family's chat template writes an assistant's calls; `parse_tool_calls` reads it back to
+    the same calls and content. `llama3` takes exactly one call and no content."""
+    if syntax == "hermes":
+        blocks = "".join(
+            "\n<tool_call>\n" + json.dumps({"name": c.name, "arguments": c.arguments})
+            + "\n</tool_call>" for c in calls)
+        return content + blocks if content else blocks.lstrip("\n")
+    if syntax == "mistral":
+        listed = json.dumps([{"name": c.name, "arguments": c.arguments} for c in calls])
+        return f"{content}[TOOL_CALLS] {listed}"
+    if len(calls) != 1 or content:
+        raise ValueError("llama3 tool calling makes one call per turn, with no other text")
+    return json.dumps({"name": calls[0].name, "parameters": calls[0].arguments})
 
 
 def _read(content: str, raw_calls: list[Any], arguments_key: str) -> ParsedTurn:

@@ -1,8 +1,9 @@
 """The example configs that no other test runs, run shrunk to a few steps as `rft-hpc run`
 runs them: the SFT warm-up (configs/sft.yaml) and SFT-then-DPO (configs/dpo.yaml). The others
 run elsewhere: demo and the RL algorithms in test_rl_algorithms_learn.py, pipeline.yaml in
-test_pipeline_run.py, multiturn.yaml in test_multiturn.py, the CPU recipe in
-test_real_workload.py. The GPU recipe cannot run here: it is validated and rendered."""
+test_pipeline_run.py, multiturn.yaml in test_multiturn.py, the CPU recipes in
+test_real_workload.py and test_tool_recipe.py. The GPU recipes cannot run here: they are
+validated and rendered."""
 
 from __future__ import annotations
 
@@ -61,3 +62,46 @@ def test_the_gpu_recipe_validates_and_renders_with_its_paths_set(tmp_path: Path)
     scripts = sorted(p.name for p in (tmp_path / "scripts").iterdir())
     assert "submit.sh" in scripts and any("explorer" in s for s in scripts) \
         and any("trainer" in s for s in scripts), scripts
+
+
+def test_the_gpu_tool_recipe_validates_and_renders_with_its_paths_set(tmp_path: Path) -> None:
+    """configs/recipes/tools-gpu.yaml cannot run here (GPUs); with MODEL_DIR and RUN_ROOT
+    pointing at a tiny Qwen2 chat model (whose template takes tools) it validates and
+    renders every role's sbatch script, the SFT stage's trainer included."""
+    env = {**os.environ, "MODEL_DIR": str(tmp_path / "model"),
+           "RUN_ROOT": str(tmp_path / "runs")}
+    steps = (("model", "init", "tiny", "--arch", "qwen2", "--out", env["MODEL_DIR"]),
+             ("validate", "configs/recipes/tools-gpu.yaml"),
+             # 200 demonstrations, not the recipe's 20,000 (the stage's data is prepared)
+             ("render", "configs/recipes/tools-gpu.yaml", "--out", str(tmp_path / "scripts"),
+              "--set", "tasks.train_size=200"))
+    for args in steps:
+        result = rft(*args, env=env, timeout=300)
+        assert result.returncode == 0, (args, result.stdout[-2000:], result.stderr[-2000:])
+    scripts = sorted(p.name for p in (tmp_path / "scripts").iterdir())
+    assert "submit.sh" in scripts and any("sft" in s and "trainer" in s for s in scripts) \
+        and any("explorer" in s for s in scripts), scripts
+
+
+@pytest.mark.timeout(600)
+def test_the_cpu_tool_recipe_runs_shrunk(tmp_path: Path) -> None:
+    """configs/recipes/tools-cpu.yaml validates as shipped, and runs shrunk to a few steps of
+    each stage (demonstrations imported, the multi-turn workflow with the tool, held-out
+    tasks played with the tool at the start and end of each stage)."""
+    result = rft("validate", "configs/recipes/tools-cpu.yaml", timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
+    sets = (f"run.root={tmp_path}", f"model.path={tmp_path}/models/m", "tasks.eval_size=16",
+            "tasks.train_size=200", "stages.0.trainer.steps=4",
+            "stages.0.trainer.save_interval=4", "trainer.steps=2", "trainer.save_interval=2",
+            "explorer.tasks_per_step=4", "trainer.batch_size=32")
+    result = rft("run", ROOT / "configs" / "recipes" / "tools-cpu.yaml",
+                 *[a for s in sets for a in ("--set", s)], timeout=540)
+    assert result.returncode == 0, result.stderr[-3000:]
+    run = tmp_path / "tools-cpu"
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["trainer"]["steps"] == 4 + 2
+    evals = [m for m in read_jsonl(run / "stages" / "1-grpo" / "metrics" / "trainer.jsonl")
+             if "eval_accuracy" in m]
+    assert len(evals) == 2 and all("eval_tool_calls" in m for m in evals)
+    sft = read_jsonl(run / "stages" / "0-sft" / "metrics" / "trainer.jsonl")
+    assert len([m for m in sft if "loss" in m]) == 4

@@ -1,6 +1,6 @@
 """Tool calls read out of a policy's turn in each family's syntax, malformed calls kept with
 their reason, and a tool's JSON schema from its signature and docstring
-(rft_hpc/tasks/tool_calls.py)."""
+(rft_hpc/tasks/tool_calls.py); calls written in each syntax and read back."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import pytest
 from rft_hpc.core.errors import UserError
 from rft_hpc.tasks.tool_calls import (
     ToolCall,
+    format_tool_calls,
     load_tool,
     parse_tool_calls,
     tool_schema,
@@ -60,6 +61,31 @@ def test_several_calls_and_the_text_around_them():
     assert parse_tool_calls("The answer is 42.", "hermes").calls == []
     assert parse_tool_calls("The answer is 42.", "llama3").content == "The answer is 42."
     assert parse_tool_calls("No call.", "mistral").calls == []
+
+
+ROME = ToolCall("lookup", {"city": "Rome", "year": 1990, "note": "a \"quoted\" <b>"})
+
+
+@pytest.mark.parametrize(("syntax", "calls", "content"), [
+    ("hermes", [CALL], ""), ("hermes", [CALL, ROME], ""), ("hermes", [ROME], "Let me look."),
+    ("mistral", [CALL], ""), ("mistral", [CALL, ROME], ""), ("mistral", [ROME], "Look."),
+    ("llama3", [CALL], ""), ("llama3", [ROME], ""),
+])
+def test_calls_written_in_a_syntax_read_back_the_same(syntax, calls, content):
+    text = format_tool_calls(calls, syntax, content)
+    turn = parse_tool_calls(text, syntax)
+    assert turn.calls == calls and turn.content == content and turn.malformed == []
+
+
+def test_calls_are_written_as_each_familys_template_writes_them():
+    assert format_tool_calls([CALL], "hermes") == (
+        '<tool_call>\n{"name": "lookup", "arguments": {"city": "Oslo"}}\n</tool_call>')
+    assert format_tool_calls([CALL], "mistral") == (
+        '[TOOL_CALLS] [{"name": "lookup", "arguments": {"city": "Oslo"}}]')
+    assert format_tool_calls([CALL], "llama3") == (
+        '{"name": "lookup", "parameters": {"city": "Oslo"}}')
+    with pytest.raises(ValueError, match="one call per turn"):
+        format_tool_calls([CALL, ROME], "llama3")
 
 
 @pytest.mark.parametrize(("syntax", "text", "reason"), [
