@@ -32,7 +32,21 @@ class ArithmeticTasks(ConfigSection):
     give it keyword arguments (docs/rewards.md)."""
 
 
-class ProductsTasks(ConfigSection):
+class _ToolTaskSplits(ConfigSection):
+    """The splits and reward of a generated tool task."""
+
+    train_size: int = Field(5000, ge=1)
+    """Training tasks, drawn at random (seeded by `run.seed`)."""
+
+    eval_size: int = Field(500, ge=1)
+    """Tasks held out for evaluation (never trained on)."""
+
+    reward: RewardField = Field(default_factory=default_reward)
+    """Reward of the final answer (the turn without a tool call): a built-in name or
+    `package.module:function`, or `{name, args}` (docs/rewards.md)."""
+
+
+class ProductsTasks(_ToolTaskSplits):
     """Generated products `What is a*b?` of `digits`-digit numbers, answered with the
     `multiply` tool (`rft_hpc.envs.calculator:multiply` in `prompt.tools`; docs/agents.md).
     Each task carries the call that solves it, from which `data: {source: tasks}` builds
@@ -44,18 +58,8 @@ class ProductsTasks(ConfigSection):
     digits: int = Field(3, ge=1, le=6)
     """Digits of each factor (3: 100..999; products a tiny model cannot work out alone)."""
 
-    train_size: int = Field(5000, ge=1)
-    """Training problems, drawn at random (seeded by `run.seed`)."""
 
-    eval_size: int = Field(500, ge=1)
-    """Problems held out for evaluation (never trained on)."""
-
-    reward: RewardField = Field(default_factory=default_reward)
-    """Reward of the final answer (the turn without a tool call): a built-in name or
-    `package.module:function`, or `{name, args}` (docs/rewards.md)."""
-
-
-class LookupTasks(ConfigSection):
+class LookupTasks(_ToolTaskSplits):
     """Generated lookups `What is the code of account n?`, answered with the `lookup` tool
     (`rft_hpc.envs.codebook:lookup` in `prompt.tools`; docs/agents.md). Each task carries
     the call that solves it, from which `data: {source: tasks}` builds demonstrations of
@@ -66,16 +70,6 @@ class LookupTasks(ConfigSection):
 
     digits: int = Field(4, ge=2, le=8)
     """Digits of each account number."""
-
-    train_size: int = Field(5000, ge=1)
-    """Training accounts, drawn at random (seeded by `run.seed`)."""
-
-    eval_size: int = Field(500, ge=1)
-    """Accounts held out for evaluation (never trained on)."""
-
-    reward: RewardField = Field(default_factory=default_reward)
-    """Reward of the final answer (the turn without a tool call): a built-in name or
-    `package.module:function`, or `{name, args}` (docs/rewards.md)."""
 
 
 class DataKeys(ConfigSection):
