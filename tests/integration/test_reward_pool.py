@@ -37,8 +37,13 @@ def dies(task, response):
 def words(task, response):
     return "many"
 
-def waits_pid(task, response, *, seconds):
-    time.sleep(seconds)  # a remote call: the worker waits, no core used
+def waits_for_company(task, response, *, folder, company, seconds):
+    # a remote call: the worker waits, no core used, until `company` calls wait at once
+    # (or `seconds` pass): only a pool that grew to `company` workers lets them all go soon
+    open(os.path.join(folder, task.task_id), "w").close()
+    end = time.monotonic() + seconds
+    while len(os.listdir(folder)) < company and time.monotonic() < end:
+        time.sleep(0.01)
     return float(os.getpid())
 
 def computes_pid(task, response, *, seconds):
@@ -100,19 +105,24 @@ def test_an_unimportable_reward_fails_each_call_with_the_reason():
 
 
 @pytest.mark.parametrize("bound", [4, 12])
-def test_calls_that_wait_get_workers_up_to_the_bound(user_rewards, bound):
-    with RewardPool(workers=bound, timeout=30.0, cores=1) as pool:
+def test_calls_that_wait_get_workers_up_to_the_bound(user_rewards, bound, tmp_path):
+    (tmp_path / "waiting").mkdir()
+    with RewardPool(workers=bound, timeout=120.0, cores=1) as pool:
         assert pool.size == 1  # the pool starts small
-        outcomes = pool.score(calls(f"{user_rewards}:waits_pid", n=24, seconds=0.5))
-        pids = {o.score for o in outcomes}
+        t0 = time.monotonic()
+        outcomes = pool.score(calls(f"{user_rewards}:waits_for_company", n=2 * bound,
+                                    folder=str(tmp_path / "waiting"), company=bound,
+                                    seconds=60.0))
         assert not any(o.failed for o in outcomes)
-        # the calls waited, so more ran at once than the one core allows computing calls
-        assert len(pids) == pool.peak == bound
+        # the calls waited, so more ran at once than the one core allows computing calls:
+        # `bound` of them together (else they would have waited their 60 s), never more
+        assert len({o.score for o in outcomes}) == pool.peak == bound
+        assert time.monotonic() - t0 < 50  # they met, rather than giving up on the wait
 
 
 def test_calls_that_compute_get_one_worker_per_core(user_rewards):
-    with RewardPool(workers=12, timeout=30.0, cores=2) as pool:
-        outcomes = pool.score(calls(f"{user_rewards}:computes_pid", n=8, seconds=0.1))
+    with RewardPool(workers=12, timeout=60.0, cores=2) as pool:
+        outcomes = pool.score(calls(f"{user_rewards}:computes_pid", n=12, seconds=0.3))
         assert not any(o.failed for o in outcomes)
         assert len({o.score for o in outcomes}) == pool.peak == 2
 
