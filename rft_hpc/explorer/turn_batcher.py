@@ -77,7 +77,8 @@ class TurnBatcher:
 
     def env_call_took(self, seconds: float) -> None:
         """Note how long an environment call took (the linger follows the typical one)."""
-        self._env_seconds.append(seconds)
+        with self._cond:  # the batcher's thread reads them
+            self._env_seconds.append(seconds)
 
     async def generate(self, prompt: list[int], *, max_new_tokens: int, temperature: float,
                        seed: int) -> Completion:
@@ -100,7 +101,8 @@ class TurnBatcher:
             raise
 
     def _linger(self) -> float:
-        """Seconds to wait for more turns, from the typical environment call."""
+        """Seconds to wait for more turns, from the typical environment call (under the
+        lock)."""
         typical = statistics.median(self._env_seconds) if self._env_seconds else 0.0
         return min(LINGER_MAX, max(LINGER_MIN, 2 * typical))
 
