@@ -45,7 +45,7 @@ if TYPE_CHECKING:
 
 
 class SerialEngine:
-    """An engine shared by the explorer's threads (an `InferenceEngine` itself): one
+    """An engine shared by the explorer's threads (a `StreamingEngine` itself): one
     generation, engine step or weight load at a time, and one tokenization at a time (a
     fast tokenizer is not safe to use from several threads at once) under a lock of its own,
     so that the rollout loop tokenizes while the engine generates. It also builds the turns
