@@ -109,7 +109,7 @@ class Workflow(Protocol):
         ...
 
     def close(self) -> None:
-        """Stop what it runs (reward workers, task threads, environments)."""
+        """Stop what it runs (reward workers, rollout coroutines, environment hosts)."""
         ...
 
 
