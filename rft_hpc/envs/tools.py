@@ -126,6 +126,14 @@ def tool_env(tools: list[str], workflow: MultiTurnWorkflow, syntax: Syntax) -> T
     """The `ToolEnv` a multi-turn explorer's workers build for `workflow` with `tools`
     (`prompt.tools`): the workflow's environment wrapped, calls read in `syntax` (the
     family's: `tool_syntax(tokenizer)`), each within `workflow.tool_timeout` seconds; for
-    the processes that play the workflow in their own (demonstrations, evaluation)."""
+    the processes that play the workflow in their own (demonstrations, evaluation), which
+    take plain environments only: UserError for an `async def` one."""
+    from rft_hpc.core.errors import UserError
+    from rft_hpc.envs.base import is_async_env
+
+    if is_async_env(workflow.env):
+        raise UserError(f"explorer.workflow.env {workflow.env!r} is async def: demonstrations "
+                        "(data: {source: tasks}) and held-out evaluation of tool tasks play "
+                        "plain environments only; give them a plain one (docs/agents.md)")
     return ToolEnv(list(tools), syntax, env=workflow.env,
                    env_args=dict(workflow.env_args), call_timeout=workflow.tool_timeout)

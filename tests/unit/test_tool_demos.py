@@ -143,3 +143,11 @@ def test_the_generated_sources_are_configured_by_their_keys(source, space):
     too_many = config.tasks.model_copy(update={"train_size": space})
     with pytest.raises(UserError, match=r"tasks\.train_size"):
         build_tasks(too_many, seed=0)
+
+
+def test_demonstrations_of_an_async_environment_are_refused_with_the_key():
+    from rft_hpc.envs.tools import tool_env
+
+    workflow = MultiTurnWorkflow(env="helpers.agent_envs:RemoteWait", max_turns=2)
+    with pytest.raises(UserError, match=r"explorer\.workflow\.env .*async def"):
+        tool_env(["rft_hpc.envs.calculator:multiply"], workflow, "hermes")
