@@ -135,5 +135,13 @@ def tool_env(tools: list[str], workflow: MultiTurnWorkflow, syntax: Syntax) -> T
         raise UserError(f"explorer.workflow.env {workflow.env!r} is async def: demonstrations "
                         "(data: {source: tasks}) and held-out evaluation of tool tasks play "
                         "plain environments only; give them a plain one (docs/agents.md)")
-    return ToolEnv(list(tools), syntax, env=workflow.env,
-                   env_args=dict(workflow.env_args), call_timeout=workflow.tool_timeout)
+    return ToolEnv(**tool_env_args(tools, workflow, syntax))
+
+
+def tool_env_args(tools: list[str], workflow: MultiTurnWorkflow,
+                  syntax: Syntax) -> dict[str, Any]:
+    """The constructor arguments of the `ToolEnv` (or `AsyncToolEnv`) that wraps
+    `workflow`'s environment with `tools`, calls read in `syntax`, each within
+    `workflow.tool_timeout` seconds."""
+    return {"tools": list(tools), "syntax": syntax, "env": workflow.env,
+            "env_args": dict(workflow.env_args), "call_timeout": workflow.tool_timeout}

@@ -31,6 +31,7 @@ from rft_hpc.engines.protocol import StreamingEngine
 from rft_hpc.engines.requests import Completion, FinishedGroup, GroupRequest
 from rft_hpc.envs.base import Message, is_async_env
 from rft_hpc.envs.host import EnvError, EnvHost, EnvTimeout, EnvValue
+from rft_hpc.envs.tools import tool_env_args
 from rft_hpc.tasks.chat_turns import ChatTurns
 from rft_hpc.tasks.task import Task
 from rft_hpc.tasks.tool_calls import tool_syntax
@@ -160,9 +161,9 @@ def with_tools(workflow: MultiTurnWorkflow, prompt: PromptConfig,
     if not prompt.tools:
         return workflow
     wrapper = "AsyncToolEnv" if is_async_env(workflow.env) else "ToolEnv"
-    return workflow.model_copy(update={"env": f"rft_hpc.envs.tools:{wrapper}", "env_args": {
-        "tools": list(prompt.tools), "syntax": tool_syntax(tokenizer), "env": workflow.env,
-        "env_args": dict(workflow.env_args), "call_timeout": workflow.tool_timeout}})
+    return workflow.model_copy(update={
+        "env": f"rft_hpc.envs.tools:{wrapper}",
+        "env_args": tool_env_args(list(prompt.tools), workflow, tool_syntax(tokenizer))})
 
 
 @dataclass(frozen=True)
