@@ -84,7 +84,8 @@ class ModelConfig(ConfigSection):
     chat template); the others are tiny chat models of that family (`model init tiny --arch
     qwen2|qwen3|mistral`, or `--chat` for llama: a byte-level tokenizer with the family's
     special tokens and chat template); `tiny-qwen2-2layer` is tiny-qwen2 with two layers,
-    the CPU recipe's model, and `tiny-mistral-2layer` tiny-mistral with two layers, the tool
+    the CPU recipe's model, and `tiny-mistral-2layer` tiny-mistral with two layers and a BPE
+    vocabulary learned from the run's own prompts (`rft_hpc.run.model_init`), the tool
     recipe's."""
 
     start_weights: ConfigPath | None = None

@@ -45,6 +45,12 @@ class _ToolTaskSplits(ConfigSection):
     """Reward of the final answer (the turn without a tool call): a built-in name or
     `package.module:function`, or `{name, args}` (docs/rewards.md)."""
 
+    call_share: float = Field(1.0, ge=0.0, le=1.0)
+    """Share of the training tasks whose demonstration (`data: {source: tasks}`) calls the
+    tool; the others answer at once, as in a corpus written partly without the tool. A
+    warm-up on them calls the tool on about this share of its samples, and reinforcement
+    learns where the call pays (docs/agents.md)."""
+
 
 class ProductsTasks(_ToolTaskSplits):
     """Generated products `What is a*b?` of `digits`-digit numbers, answered with the

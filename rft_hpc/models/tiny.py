@@ -13,12 +13,19 @@ CPU attention needs.
 
 from __future__ import annotations
 
+import re
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
 from rft_hpc.models.families import FAMILIES, ChatFamily
-from rft_hpc.models.tokenizer import SPECIAL_TOKENS, build_byte_tokenizer, build_char_tokenizer
+from rft_hpc.models.tokenizer import (
+    SPECIAL_TOKENS,
+    build_byte_tokenizer,
+    build_char_tokenizer,
+    learn_merges,
+)
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
@@ -51,6 +58,9 @@ class TinyModelSpec:
     The other families are always built as chat models."""
     num_kv_heads: int = 2
     """Key/value heads of the chat models (the character-level Llama has one per head)."""
+    merges: int = 0
+    """Chat models: BPE merges learned from the corpus `init_tiny_model` is given (the run's
+    own prompts), as a real tokenizer writes common words in one token; 0: one per byte."""
 
 
 INIT_KINDS: dict[str, TinyModelSpec] = {
@@ -63,8 +73,11 @@ INIT_KINDS: dict[str, TinyModelSpec] = {
     "tiny-qwen2-2layer": TinyModelSpec(arch="qwen2", num_layers=2),
     "tiny-mistral": TinyModelSpec(arch="mistral"),
     # the tool recipe's model (configs/recipes/tools-cpu.yaml): Mistral's template prompts
-    # the tools in less than half the tokens of Qwen's, byte by byte
-    "tiny-mistral-2layer": TinyModelSpec(arch="mistral", num_layers=2),
+    # the tools in less than half the tokens of Qwen's, and a vocabulary learned from the
+    # recipe's prompts (rft_hpc.run.model_init) a third of those: the copy of an account
+    # number across a 90-token prompt forms within a few hundred SFT steps, across the
+    # 330 tokens of one per byte not within 500
+    "tiny-mistral-2layer": TinyModelSpec(arch="mistral", num_layers=2, merges=300),
 }
 """The models `model.init` may name, with the spec each is built from."""
 
@@ -74,10 +87,13 @@ def is_chat(spec: TinyModelSpec) -> bool:
     return spec.arch != "llama" or spec.chat
 
 
-def init_tiny_model(out_dir: str | Path, spec: TinyModelSpec = TinyModelSpec()) -> Path:
+def init_tiny_model(out_dir: str | Path, spec: TinyModelSpec = TinyModelSpec(),
+                    corpus: Iterable[str] = ()) -> Path:
     """Write a randomly initialised tiny model of `spec` and its tokenizer to `out_dir`.
 
-    The same spec gives the same weights. Returns the folder, loadable with
+    A spec with `merges` learns them from `corpus` (texts as the model will read them,
+    the chat template's special tokens included). The same spec and corpus give the same
+    tokenizer and weights. Returns the folder, loadable with
     `AutoModelForCausalLM.from_pretrained(out_dir)` and `AutoTokenizer.from_pretrained`.
     """
     if spec.arch not in ARCHS:
@@ -85,7 +101,7 @@ def init_tiny_model(out_dir: str | Path, spec: TinyModelSpec = TinyModelSpec()) 
     if spec.hidden_size // spec.num_heads < 32:
         raise ValueError("head_dim (hidden_size / num_heads) must be >= 32 for vLLM on CPU")
     if is_chat(spec):
-        return _init_chat_model(Path(out_dir), spec, FAMILIES[spec.arch])
+        return _init_chat_model(Path(out_dir), spec, FAMILIES[spec.arch], corpus)
     return _init_char_llama(Path(out_dir), spec)
 
 
@@ -109,7 +125,8 @@ def _init_char_llama(out: Path, spec: TinyModelSpec) -> Path:
     return out
 
 
-def _init_chat_model(out: Path, spec: TinyModelSpec, family: ChatFamily) -> Path:
+def _init_chat_model(out: Path, spec: TinyModelSpec, family: ChatFamily,
+                     corpus: Iterable[str]) -> Path:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
     from transformers.utils import logging as hf_logging
@@ -117,8 +134,11 @@ def _init_chat_model(out: Path, spec: TinyModelSpec, family: ChatFamily) -> Path
     hf_logging.disable_progress_bar()
     if spec.num_heads % spec.num_kv_heads:
         raise ValueError(f"{spec.num_heads} heads do not split into {spec.num_kv_heads} groups")
+    merges = learn_merges(_without(corpus, family.special + family.plain), spec.merges) \
+        if spec.merges else []
     build_byte_tokenizer(out, special=family.special, plain=family.plain, bos=family.bos,
-                         eos=family.eos, pad=family.pad, chat_template=family.template)
+                         eos=family.eos, pad=family.pad, chat_template=family.template,
+                         merges=merges)
     vocab = AutoTokenizer.from_pretrained(str(out), local_files_only=True).get_vocab()
     config = family.config(
         vocab, hidden_size=spec.hidden_size, intermediate_size=spec.intermediate_size,
@@ -130,6 +150,14 @@ def _init_chat_model(out: Path, spec: TinyModelSpec, family: ChatFamily) -> Path
     model.generation_config = GenerationConfig(**family.generation_ids(vocab))
     model.save_pretrained(out, safe_serialization=True)
     return out
+
+
+def _without(texts: Iterable[str], tokens: Iterable[str]) -> Iterator[str]:
+    """The pieces of `texts` between the added `tokens`, which the tokenizer matches whole
+    before its merges see the text."""
+    split = re.compile("|".join(re.escape(t) for t in tokens))
+    for text in texts:
+        yield from (piece for piece in split.split(text) if piece)
 
 
 def _distinct_extras(model: PreTrainedModel, seed: int) -> None:

@@ -9,7 +9,7 @@ their model's own tokenizer folder.
 from __future__ import annotations
 
 import string
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 SPECIAL_TOKENS = ("<pad>", "<s>", "</s>", "<unk>")
@@ -57,9 +57,14 @@ def byte_alphabet() -> list[str]:
 
 def build_byte_tokenizer(out_dir: str | Path, *, special: Sequence[str],
                          plain: Sequence[str] = (), bos: str | None, eos: str,
-                         pad: str | None, chat_template: str, filler: int = 0) -> Path:
+                         pad: str | None, chat_template: str, filler: int = 0,
+                         merges: Sequence[tuple[str, str]] = ()) -> Path:
     """Write a byte-level tokenizer (one token per byte: ids 0-255, so any text encodes) with
     `special` and then `plain` added tokens after the bytes, and `chat_template`, to `out_dir`.
+
+    With `merges` (from `learn_merges`) it is a BPE tokenizer as real models' are: their
+    tokens follow the bytes (and filler), and text is first split as `learn_merges` splits
+    it (words, runs of punctuation, each digit alone), so a common word is one token.
 
     `filler` multi-byte tokens (ids 256 .. 255 + filler, before the added tokens) give it a
     real model's size, so that a model of a real vocabulary's shape samples ids it can
@@ -71,7 +76,7 @@ def build_byte_tokenizer(out_dir: str | Path, *, special: Sequence[str],
     tokenizer puts it before every encoded text, as Llama's and Mistral's do. Loadable with
     `AutoTokenizer.from_pretrained(out_dir)`.
     """
-    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, processors
+    from tokenizers import AddedToken, Tokenizer, decoders, models, processors
     from transformers import PreTrainedTokenizerFast
 
     alphabet = byte_alphabet()
@@ -80,8 +85,10 @@ def build_byte_tokenizer(out_dir: str | Path, *, special: Sequence[str],
         n, width = (i, 2) if i < 256 ** 2 else (i - 256 ** 2, 3)
         vocab["".join(alphabet[(n >> (8 * k)) & 255] for k in reversed(range(width)))] = \
             len(vocab)
-    core = Tokenizer(models.BPE(vocab, merges=[]))
-    core.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    for left, right in merges:
+        vocab.setdefault(left + right, len(vocab))
+    core = Tokenizer(models.BPE(vocab, merges=list(merges)))
+    core.pre_tokenizer = _pre_tokenizer(bool(merges))
     core.decoder = decoders.ByteLevel()
     core.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in special])
     core.add_tokens([AddedToken(t, special=False, normalized=False) for t in plain])
@@ -97,3 +104,30 @@ def build_byte_tokenizer(out_dir: str | Path, *, special: Sequence[str],
     # in tokenizer_config.json, where every version of transformers and vLLM looks for it
     tok.save_pretrained(out, save_jinja_files=False)
     return out
+
+
+def learn_merges(texts: Iterable[str], count: int) -> list[tuple[str, str]]:
+    """The first `count` (or fewer, when `texts` run out of pairs) byte-level BPE merges
+    learned from `texts`, for `build_byte_tokenizer(merges=...)`. Texts are split as GPT-2's
+    tokenizer splits them, each digit alone (as Qwen's and Llama's do), so no token spans
+    words or digits: a number is always written digit by digit."""
+    import json
+
+    from tokenizers import Tokenizer, models, trainers
+
+    core = Tokenizer(models.BPE())
+    core.pre_tokenizer = _pre_tokenizer(True)
+    core.train_from_iterator(texts, trainers.BpeTrainer(
+        vocab_size=256 + count, initial_alphabet=byte_alphabet(), show_progress=False))
+    learned = json.loads(core.to_str())["model"]["merges"]
+    return [tuple(m.split(" ", 1)) if isinstance(m, str) else tuple(m) for m in learned]
+
+
+def _pre_tokenizer(words: bool):
+    from tokenizers import pre_tokenizers
+
+    if not words:  # one token per byte: the whole text is one piece
+        return pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    return pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True),
+                                    pre_tokenizers.ByteLevel(add_prefix_space=False,
+                                                             use_regex=True)])

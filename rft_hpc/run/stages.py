@@ -26,6 +26,7 @@ from rft_hpc.core.rundir import RunDir, atomic_write_json, atomic_write_text, re
 from rft_hpc.envs.tool_demos import tool_demonstrations
 from rft_hpc.eval.bench import RESULTS_FILE
 from rft_hpc.monitor.metrics import read_metrics
+from rft_hpc.run.model_init import init_model
 from rft_hpc.runtime.common import freeze_config
 from rft_hpc.tasks.data_check import check_task_sources
 from rft_hpc.tasks.offline_rows import load_offline_examples
@@ -96,9 +97,7 @@ def prepare_model(config: ExperimentConfig) -> ExperimentConfig:
     if not path.exists():
         if config.model.init is None:
             raise UserError(f"model folder {path} does not exist")
-        from rft_hpc.models.tiny import INIT_KINDS, init_tiny_model
-
-        init_tiny_model(path, INIT_KINDS[config.model.init])
+        init_model(config, path)
     return config.model_copy(update={"model": config.model.model_copy(update={"path": path})})
 
 

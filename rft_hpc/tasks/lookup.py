@@ -13,17 +13,28 @@ from rft_hpc.tasks.task import Task
 LETTERS = "DFGHJKPQXYZ"
 """The codes' letters: capitals that the prompts of the tool recipe (Mistral's template, the
 tool's schema, the question) do not write, so that a code's letters are found nowhere else
-in a trajectory: a tiny model learns to copy them sooner."""
+in a trajectory: a tiny model learns to copy them sooner. The first, `D`, is the default
+code."""
+
+WEIGHTS = (5,) + (1,) * (len(LETTERS) - 1)
+"""How often each letter is a code: the default `D` a third of the time (5 in 15), each
+other letter one time in 15. A model that answers without the tool can do no better than
+`D`, right one time in three; the tool is right every time."""
 
 TOOL = "lookup"
 """The tool the tasks' demonstrations call (`rft_hpc.envs.codebook:lookup`)."""
 
 
 def account_code(account: int) -> str:
-    """The code of `account`: one of `LETTERS`, drawn by a hash of the number (the same
-    number always has the same code; the letters come about equally often)."""
+    """The code of `account`: one of `LETTERS`, drawn by a hash of the number with
+    `WEIGHTS` (the same number always has the same code)."""
     digest = hashlib.sha256(f"rft-hpc codebook {account}".encode()).digest()
-    return LETTERS[int.from_bytes(digest[:8], "big") % len(LETTERS)]
+    draw = int.from_bytes(digest[:8], "big") % sum(WEIGHTS)
+    for letter, weight in zip(LETTERS, WEIGHTS, strict=True):
+        if draw < weight:
+            return letter
+        draw -= weight
+    raise AssertionError("unreachable: draw < sum(WEIGHTS)")
 
 
 def lookup_tasks(digits: int = 4, train_size: int = 5000, eval_size: int = 500,

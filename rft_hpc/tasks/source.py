@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import random
 from dataclasses import replace
 
 from rft_hpc.config.rewards import RewardSpec
@@ -26,6 +27,7 @@ def build_tasks(source: ArithmeticTasks | ProductsTasks | LookupTasks | FileTask
                 lookup_tasks(source.digits, source.train_size, source.eval_size, seed))
         except ValueError as exc:
             raise UserError(f"tasks.train_size / tasks.eval_size: {exc}") from exc
+        train = _without_calls(train, 1.0 - source.call_share, seed)
         return _with_reward(train, source.reward), _with_reward(held_out, source.reward)
     if isinstance(source, ArithmeticTasks):
         train, held_out = arithmetic_tasks(source.digits, source.ops, source.eval_size, seed)
@@ -44,3 +46,12 @@ def _with_reward(tasks: list[Task], reward: str | RewardSpec) -> list[Task]:
     name, args = (reward, {}) if isinstance(reward, str) else (reward.name, dict(reward.args))
     given = {"reward_args": args} if args else {}
     return [replace(t, reward=name, **given) for t in tasks]
+
+
+def _without_calls(tasks: list[Task], share: float, seed: int) -> list[Task]:
+    """`tasks` with `share` of them (a seeded draw) demonstrating an answer without a call:
+    their `info.tool_calls` emptied."""
+    drop = set(random.Random(f"{seed} answers without calls").sample(
+        range(len(tasks)), round(share * len(tasks))))
+    return [replace(t, info={**t.info, "tool_calls": []}) if i in drop else t
+            for i, t in enumerate(tasks)]

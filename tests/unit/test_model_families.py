@@ -90,6 +90,27 @@ def test_a_byte_tokenizer_filled_to_qwen25s_size(tmp_path: Path) -> None:
     assert len({tok.convert_ids_to_tokens(i) for i in range(151643)}) == 151643
 
 
+def test_a_chat_model_with_merges_learned_from_its_corpus(tmp_path: Path) -> None:
+    """merges learned from a corpus write its words in one token each and every digit
+    alone; special tokens stay whole, any text round-trips, and ids below 256 are still
+    the bytes."""
+    corpus = [f"<s>[INST] What is the code of account {n}? [/INST]{n % 7}</s>"
+              for n in range(1000, 1400)]
+    out = init_tiny_model(tmp_path, TinyModelSpec(arch="mistral", num_layers=1, merges=40),
+                          corpus)
+    tok = AutoTokenizer.from_pretrained(str(out), local_files_only=True)
+    text = "[INST] What is the code of account 4578? [/INST]"
+    pieces = tok.convert_ids_to_tokens(tok(text, add_special_tokens=False)["input_ids"])
+    assert pieces[0] == "[INST]" and pieces[-1] == "[/INST]"
+    assert {"Ġaccount", "Ġcode", "4", "5", "7", "8"} <= set(pieces)
+    assert len(pieces) < len(text) / 2
+    for other in (text, "Zebra 12345 {\"json\": true}\n\tü"):
+        assert tok.decode(tok(other, add_special_tokens=False)["input_ids"]) == other
+    assert tok.convert_ids_to_tokens(list(range(3))) == ["Ā", "ā", "Ă"]
+    config = json.loads((out / "config.json").read_text())
+    assert config["vocab_size"] == len(tok)
+
+
 def test_model_dtype_auto() -> None:
     assert model_dtype("auto", "cpu") == torch.float32
     assert model_dtype("auto", "cuda") == torch.bfloat16

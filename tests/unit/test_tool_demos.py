@@ -115,9 +115,12 @@ def test_lookup_tasks_hold_their_answers_in_the_tool():
         assert task.prompt == f"What is the code of account {account}?"
         assert task.answer == lookup(account) and task.answer in LETTERS
         assert not set(task.prompt) & set(LETTERS)
-    # every letter is a code, none much more often than chance (1 in 11)
-    counts = [sum(t.answer == c for t in train) for c in LETTERS]
-    assert min(counts) > 0 and max(counts) < 2 * len(train) / len(LETTERS)
+    # every letter is a code; the default D about a third of the time, each other letter
+    # about one time in 15
+    train, _ = lookup_tasks(4, train_size=3000, eval_size=100, seed=1)
+    share = {c: sum(t.answer == c for t in train) / len(train) for c in LETTERS}
+    assert abs(share["D"] - 1 / 3) < 0.03
+    assert all(abs(share[c] - 1 / 15) < 0.02 for c in LETTERS[1:])
 
 
 def test_product_tasks_are_split_apart_and_repeatable():
