@@ -6,7 +6,8 @@ test file at one seed and thread count) runs as its own pytest process; its figu
 the tests themselves (`RFT_LEARN_RECORD`) and its outcomes from pytest's JUnit report.
 
     python tools/learning_table.py --seeds 0 1 2 --threads 1 2 \\
-        tests/integration/test_real_workload.py tests/integration/test_rl_algorithms_learn.py
+        tests/integration/test_real_workload.py tests/integration/test_rl_algorithms_learn.py \\
+        tests/integration/test_tool_recipe.py
 
 `--jobs 2` runs two cells at once (one-thread cells on a 2-core machine). Output: a Markdown
 table on stdout, and each cell's log, report and records under `--out`.
