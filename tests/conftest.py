@@ -47,14 +47,15 @@ def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
 
 # The files that take minutes, longest first (measured 2026-12-05 on 2 cores: 750, 520, 420,
 # 330, 255, 215, 215, 175 s of a 4-worker suite; test_plain_install.py's pip install and
-# demo: 280 s, 2026-12-06; the real workload's two families, a file each since 2026-12-06).
+# demo: 280 s, 2026-12-06; the real workload's two families, a file each since 2026-12-06;
+# the tool recipe's two stages: 281 s, 2026-12-07).
 # They start first: under `--dist loadfile` a worker runs a whole file, and one of these
 # begun late keeps one worker busy long after the others ran out of work. A stale entry
 # costs only time, never a test.
 LONG_FILES = ("test_real_workload.py", "test_real_workload_qwen3.py", "test_chaos.py",
-              "test_rl_algorithms_learn.py", "test_experiment_run.py", "test_plain_install.py",
-              "test_megatron_train.py", "test_trainer_distributed.py", "test_sync_roles.py",
-              "test_bench.py")
+              "test_tool_recipe.py", "test_rl_algorithms_learn.py", "test_experiment_run.py",
+              "test_plain_install.py", "test_megatron_train.py", "test_trainer_distributed.py",
+              "test_sync_roles.py", "test_bench.py")
 
 
 def _schedule_order(items: list[pytest.Item]) -> None:
