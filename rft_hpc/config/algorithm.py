@@ -14,7 +14,8 @@ from pydantic import Field, model_validator
 
 from rft_hpc.core.config_section import ConfigSection
 
-AlgorithmType = Literal["grpo", "ppo", "rloo", "reinforceplusplus", "opmd", "sft", "dpo", "mix"]
+AlgorithmType = Literal["grpo", "ppo", "rloo", "reinforceplusplus", "opmd", "sft", "dpo", "mix",
+                        "reward_model"]
 KLFn = Literal["none", "k1", "k2", "k3", "low_var_kl", "abs"]
 LossAggModeName = Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean",
                           "seq-mean-token-sum-norm"]
@@ -68,9 +69,10 @@ class AlgorithmConfig(ConfigSection):
 
     algorithm_type: AlgorithmType = "grpo"
     """The preset: `grpo`, `ppo` (GAE with a critic), `rloo`, `reinforceplusplus`, `opmd`,
-    `sft`, `dpo` (pairs from the buffer, against the frozen starting policy) or `mix` (GRPO
-    on rollouts plus SFT on expert samples of the same batch). A stage that sets it starts
-    from that preset's defaults."""
+    `sft`, `dpo` (pairs from the buffer, against the frozen starting policy), `mix` (GRPO
+    on rollouts plus SFT on expert samples of the same batch) or `reward_model` (a scalar
+    head on the model trained on preference pairs with the Bradley-Terry loss,
+    docs/reward-models.md). A stage that sets it starts from that preset's defaults."""
 
     advantage_fn: str | None = None
     """Advantage function (`grpo`, `ppo`/`gae`, `rloo`, `reinforceplusplus`, `opmd`, or

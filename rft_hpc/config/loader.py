@@ -310,10 +310,33 @@ def _dynamic_sampling_is_single_turn(config: ExperimentConfig,
                 "over_rollout there, or a reward_std_filter in pipeline.experience_filters")
 
 
+def _reward_model_trains_on_pairs(config: ExperimentConfig,
+                                  ) -> Iterator[tuple[tuple[Key, ...], str]]:
+    for index, (_, stage) in enumerate(config.stage_configs()):
+        where: tuple[Key, ...] = ("stages", index) if config.stages else ()
+        if stage.algorithm.algorithm_type != "reward_model":
+            continue
+        if stage.mode != "train":
+            yield (*where, "mode"), (
+                f"a reward model trains on preference pairs in mode train, not {stage.mode}")
+        elif stage.data is None or stage.data.kind != "dpo":
+            yield (*where, "data", "kind"), (
+                "a reward model trains on preference pairs: set data.kind dpo (a prompt, "
+                "the response chosen and the one rejected)")
+        if stage.model.lora is not None:
+            yield (*where, "model", "lora"), "a reward model trains the whole model, no LoRA"
+        if stage.trainer.backend != "torch" or stage.trainer.parallel != "ddp":
+            yield (*where, "trainer", "backend"), (
+                "a reward model trains with trainer.backend torch and parallel ddp (a whole "
+                "replica per rank)")
+
+
 CHECKS: tuple[tuple[frozenset[str], Check], ...] = (
     (frozenset({"model"}), _model_path_exists),
     (frozenset({"model"}), _start_weights_are_published),
     (frozenset({"mode", "trainer", "explorer", "stages"}), _grpo_needs_groups),
     (frozenset({"explorer", "pipeline", "stages"}), _dynamic_sampling_is_single_turn),
+    (frozenset({"algorithm", "mode", "data", "model", "trainer", "stages"}),
+     _reward_model_trains_on_pairs),
 )
 """Checks beyond the schema, each with the top-level sections it reads."""

@@ -10,10 +10,10 @@ from typing import Literal
 from pydantic import model_validator
 
 from rft_hpc.config.paths import ConfigPath
-from rft_hpc.config.tasks import DataKeys, DataSourceFields
+from rft_hpc.config.tasks import DataKeys, DataSourceFields, HeldOutFields
 
 
-class DataConfig(DataSourceFields):
+class DataConfig(HeldOutFields):
     """Offline data imported into the buffer before a `train` stage starts."""
 
     source: Literal["tasks", "file", "jsonl"] = "tasks"
@@ -43,7 +43,11 @@ class DataConfig(DataSourceFields):
         # merged from its base) spells every key out.
         file_only = [name for name, unset in (("split", self.split is None),
                                               ("rows", self.rows is None),
-                                              ("keys", self.keys == DataKeys())) if not unset]
+                                              ("keys", self.keys == DataKeys()),
+                                              ("eval_path", self.eval_path is None),
+                                              ("eval_split", self.eval_split is None),
+                                              ("eval_rows", self.eval_rows is None))
+                      if not unset]
         if self.source == "tasks" and self.path is not None:
             file_only.insert(0, "path")
         if self.source != "file" and file_only:

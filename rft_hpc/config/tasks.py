@@ -138,31 +138,22 @@ class DataSourceFields(ConfigSection):
     """Which columns hold the prompt, answer, messages, ... (defaults: those names)."""
 
 
-class FileTasks(DataSourceFields):
-    """Tasks from a data file or `datasets` folder: a prompt (or messages) and an answer per
-    row, the other columns in the task's `info`."""
-
-    type: Literal["file", "jsonl"] = "file"
-    """Selects tasks from data files (`jsonl` is the same, its earlier name)."""
+class HeldOutFields(DataSourceFields):
+    """A data source with rows held out of training, for evaluation."""
 
     eval_path: ConfigPath | None = None
-    """Held-out evaluation tasks (same forms as `path`, same `keys`); none, and no
-    `eval_split` or `eval_rows` either, means no evaluation."""
+    """Held-out rows (same forms as `path`, same `keys`): evaluation tasks, or a reward
+    model's held-out pairs; none, and no `eval_split` or `eval_rows` either, means none."""
 
     eval_split: str | None = None
-    """Split of the evaluation source (of `path` itself when `eval_path` is not set)."""
+    """Split of the held-out source (of `path` itself when `eval_path` is not set)."""
 
     eval_rows: RowRange | None = None
-    """Rows `[start, stop)` of the evaluation source (of `path` when `eval_path` is not set:
+    """Rows `[start, stop)` of the held-out source (of `path` when `eval_path` is not set:
     then they must not overlap `rows`)."""
 
-    reward: RewardField | None = None
-    """Reward function of every task, a name or `{name, args}` (docs/rewards.md); it wins
-    over a row's own `reward` column. Null: each row's `reward` column, else
-    `exact_match`."""
-
     @model_validator(mode="after")
-    def _held_out_apart(self) -> FileTasks:
+    def _held_out_apart(self) -> HeldOutFields:
         if self.eval_path is None and self.eval_split is None and self.eval_rows is not None:
             start, stop = self.rows if self.rows is not None else (0, None)
             e0, e1 = self.eval_rows
@@ -180,6 +171,19 @@ class FileTasks(DataSourceFields):
                                 split=self.eval_split if self.eval_path or self.eval_split
                                 else self.split,
                                 rows=self.eval_rows, keys=self.keys)
+
+
+class FileTasks(HeldOutFields):
+    """Tasks from a data file or `datasets` folder: a prompt (or messages) and an answer per
+    row, the other columns in the task's `info`."""
+
+    type: Literal["file", "jsonl"] = "file"
+    """Selects tasks from data files (`jsonl` is the same, its earlier name)."""
+
+    reward: RewardField | None = None
+    """Reward function of every task, a name or `{name, args}` (docs/rewards.md); it wins
+    over a row's own `reward` column. Null: each row's `reward` column, else
+    `exact_match`."""
 
 
 JsonlTasks = FileTasks

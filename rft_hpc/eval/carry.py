@@ -30,7 +30,10 @@ def evaluation_identity(config: ExperimentConfig) -> dict[str, Any]:
             "tasks": config.tasks.model_dump(mode="json"),
             "prompt": config.prompt.model_dump(mode="json"),
             "eval": config.eval.model_dump(mode="json", exclude=EVAL_EXCLUDED),
-            "temperature": config.explorer.temperature, "seed": config.run.seed}
+            "temperature": config.explorer.temperature, "seed": config.run.seed,
+            # a reward model is scored on held-out pairs, a policy on held-out tasks
+            "pairs": config.data.model_dump(mode="json")
+            if config.algorithm.algorithm_type == "reward_model" and config.data else None}
 
 
 def carried_scores(config: ExperimentConfig, run: RunDir) -> dict[str, float] | None:

@@ -35,6 +35,12 @@ from rft_hpc.models.lora import (
     load_adapter_state,
     merged_model,
 )
+from rft_hpc.models.reward_model import (
+    HEAD,
+    is_reward_model_folder,
+    reward_model_config,
+    score_pad_id,
+)
 from rft_hpc.sync.storage import (
     commit_folder,
     dtype_name,
@@ -126,6 +132,8 @@ def export_model(run_path: Path, out: Path, *, version: int | None = None,
         raise UserError(f"weights v{version} of {chosen.root.name} are a whole model, not a "
                         "LoRA adapter: export them without --merged")
     model_config = read_json(Path(model) / "config.json")
+    if f"{HEAD}.weight" in state and "lm_head.weight" not in state:  # a reward model
+        model_config = _reward_model_config(Path(model), model_config)
     if model_config.get("tie_word_embeddings") and "lm_head.weight" in state:
         state.pop("lm_head.weight")  # tied: transformers and vLLM take the embeddings
     dtypes = {t.dtype for t in state.values() if t.is_floating_point()}
@@ -201,6 +209,16 @@ def _merged_state(config: ExperimentConfig, state: dict[str, torch.Tensor],
     model = add_adapter(base, settings)
     load_adapter_state(model, state)
     return merged_model(model).state_dict()
+
+
+def _reward_model_config(model: Path, config: dict[str, Any]) -> dict[str, Any]:
+    """config.json of a reward model trained from the model folder `model`."""
+    if is_reward_model_folder(model):
+        return config
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(model), local_files_only=True)
+    return reward_model_config(config, score_pad_id(tokenizer))
 
 
 def _write_config(folder: Path, config: dict[str, Any], dtype: str | None) -> None:

@@ -22,6 +22,7 @@ from rft_hpc.core.json_types import JSONValue
 from rft_hpc.core.rundir import RunDir
 from rft_hpc.eval.carry import carried_scores
 from rft_hpc.eval.heldout import HeldOutEvaluation
+from rft_hpc.eval.pairwise import PairwiseEvaluation
 from rft_hpc.ledger.log import LedgerWriter, compact_refs
 from rft_hpc.monitor.metrics import MetricsWriter
 from rft_hpc.pipeline.filters import filter_batch
@@ -31,7 +32,7 @@ from rft_hpc.runtime.logs import at_step, step_line
 from rft_hpc.sync.publisher import WeightPublisher
 from rft_hpc.trainer.checkpoint import TrainerState, save_trainer_state
 from rft_hpc.trainer.distributed import DistContext, broadcast_object
-from rft_hpc.trainer.trainer import Trainer
+from rft_hpc.trainer.protocols import StageTrainer
 
 log = logging.getLogger(__name__)
 
@@ -104,7 +105,7 @@ class Followers:
             self.send("wait")
 
 
-def rank_layout(trainer: Trainer) -> dict[str, Any]:
+def rank_layout(trainer: StageTrainer) -> dict[str, Any]:
     """How this trainer is spread over its ranks, as checkpoints record it."""
     return {"world_size": trainer.dist.world_size, "backend": trainer.backend.name,
             "model_parallel": trainer.backend.model_parallel}
@@ -115,7 +116,7 @@ class TrainerLoop:
     `trainer.steps` or until stopped, and writes everything the role writes (weights,
     checkpoints, ledger, metrics, heartbeat, evaluation answers)."""
 
-    def __init__(self, trainer: Trainer, run: RunDir, stop: StopFlag,
+    def __init__(self, trainer: StageTrainer, run: RunDir, stop: StopFlag,
                  saved: TrainerState | None, config_hash: str) -> None:
         config = self.config = trainer.config
         self.trainer, self.rundir, self.stop, self.config_hash = trainer, run, stop, config_hash
@@ -130,7 +131,9 @@ class TrainerLoop:
         self.ledger = LedgerWriter(run.ledger, "trainer", durable=False)  # synced at saves
         self.history = self.ledger.start(self.step, first_redone=self.step + 1)
         self.metrics = MetricsWriter(run.metrics, "trainer")
-        self.evaluation = HeldOutEvaluation(config, trainer.device)
+        self.evaluation = (PairwiseEvaluation(config, trainer.device)
+                           if config.algorithm.algorithm_type == "reward_model"
+                           else HeldOutEvaluation(config, trainer.device))
         self.last_eval = self.last_saved = -1 if saved is None else self.step
         # versions an evaluator scores later are published even in mode train, never pruned
         self.scored = set(config.eval.scored_versions(self.steps)) \

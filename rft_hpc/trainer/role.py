@@ -27,12 +27,14 @@ from rft_hpc.runtime.logs import setup_logging
 from rft_hpc.trainer.checkpoint import TrainerState, load_trainer_state
 from rft_hpc.trainer.distributed import broadcast_object, init_distributed, shutdown
 from rft_hpc.trainer.loop import TrainerLoop, rank_layout
+from rft_hpc.trainer.protocols import StageTrainer
+from rft_hpc.trainer.reward_model import RewardModelTrainer
 from rft_hpc.trainer.trainer import Trainer, config_hash
 
 log = logging.getLogger(__name__)
 
 
-def _follow(trainer: Trainer, step: int) -> int:
+def _follow(trainer: StageTrainer, step: int) -> int:
     """A rank other than 0: take part in each step until rank 0 says stop."""
     while True:
         kind = broadcast_object(None, trainer.dist)
@@ -47,7 +49,7 @@ def _follow(trainer: Trainer, step: int) -> int:
             trainer.checkpoint_parts()
 
 
-def _restore(trainer: Trainer, run: RunDir, chash: str) -> TrainerState | None:
+def _restore(trainer: StageTrainer, run: RunDir, chash: str) -> TrainerState | None:
     """Load the latest checkpoint on every rank; the ranks must agree on its step. A
     checkpoint saved by another number of ranks is resharded as it loads (its states are
     whole); rank 0 logs the change."""
@@ -82,7 +84,9 @@ def run_trainer(stage_dir: Path) -> int:
     if not dist.is_main:
         setup_logging(f"trainer-rank{dist.rank}")
     try:
-        trainer = Trainer(config, dist)
+        trainer = (RewardModelTrainer(config, dist)
+                   if config.algorithm.algorithm_type == "reward_model"
+                   else Trainer(config, dist))
         chash = config_hash(config)
         saved = _restore(trainer, run, chash)
         if not dist.is_main:

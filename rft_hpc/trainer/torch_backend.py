@@ -80,11 +80,12 @@ class TorchBackend:
     def logits(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                position_ids: torch.Tensor | None = None) -> torch.Tensor:
         """The policy's float32 logits, under autocast to a compute dtype below float32."""
-        with self._autocast():
+        with self.autocast():
             return self.model(input_ids=input_ids, attention_mask=attention_mask,
                               position_ids=position_ids, use_cache=False).logits.float()
 
-    def _autocast(self) -> contextlib.AbstractContextManager:
+    def autocast(self) -> contextlib.AbstractContextManager:
+        """Autocast to the compute dtype when it is below float32 (else nothing)."""
         if self.compute_dtype == torch.float32:
             return contextlib.nullcontext()
         return torch.autocast(self.device.type, dtype=self.compute_dtype)
