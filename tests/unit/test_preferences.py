@@ -23,6 +23,7 @@ from rft_hpc.tasks.preferences import (
     prompt_topic,
     write_preference_file,
 )
+from rft_hpc.tasks.reward_check import reward_problems
 from rft_hpc.tasks.rewards import call_reward
 from rft_hpc.tasks.source import build_tasks
 from rft_hpc.tasks.task import Task
@@ -95,6 +96,7 @@ def test_describe_tasks_hold_out_their_own_topics_repeatably():
     config = ExperimentConfig.model_validate(
         {"tasks": {"type": "describe", "train_size": 300, "eval_size": 10}})
     assert isinstance(config.tasks, DescribeTasks)
+    assert list(reward_problems(config)) == []  # the default reward imports and binds
     train, held_out = build_tasks(config.tasks, seed=7)
     assert (train, held_out) == build_tasks(config.tasks, seed=7)
     assert train != build_tasks(config.tasks, seed=8)[0]
