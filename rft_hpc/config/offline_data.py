@@ -19,8 +19,9 @@ class DataConfig(HeldOutFields):
     source: Literal["tasks", "file", "jsonl"] = "tasks"
     """`tasks`: records made from the task source's training split; `file`: the rows of the
     data file or `datasets` folder at `path` (`split`, `rows`, `keys`), SFT rows a prompt (or
-    messages) and a response, DPO rows a prompt (or messages), chosen and rejected;
-    `jsonl`: the file at `path`, as `rft-hpc buffer import` reads it."""
+    messages) and a response, DPO rows a prompt (or messages), chosen and rejected (or, in
+    `layout` webgpt, a question, two answers and their scores); `jsonl`: the file at
+    `path`, as `rft-hpc buffer import` reads it."""
 
     path: ConfigPath | None = None  # type: ignore[assignment]  # optional here: source tasks
     """With source `file`: a `.jsonl` or `.parquet` file, or a folder written by `datasets`'
@@ -31,6 +32,13 @@ class DataConfig(HeldOutFields):
     """Record kind: `sft` (a prompt and the response trained on) or `dpo` (a prompt, the
     response chosen and the one rejected; with source tasks the answer chosen over a wrong
     one); `rl` (rollouts) only with source jsonl."""
+
+    layout: Literal["pairs", "webgpt"] = "pairs"
+    """How a DPO row holds its pair (source file, kind dpo): `pairs`, a prompt (or
+    messages), a chosen and a rejected response (and with `keys.margin` a margin);
+    `webgpt`, as WebGPT's comparisons: a question, two answers and a score each (`keys`
+    `question`, `answer_0`, `answer_1`, `score_0`, `score_1`), the higher-scored answer
+    chosen, the score difference the margin, ties skipped (docs/data.md)."""
 
     taskset: str | None = None
     """Task-set name given to the imported records (default: their own; with source file the
@@ -44,10 +52,11 @@ class DataConfig(HeldOutFields):
         file_only = [name for name, unset in (("split", self.split is None),
                                               ("rows", self.rows is None),
                                               ("keys", self.keys == DataKeys()),
+                                              ("layout", self.layout == "pairs"),
                                               ("eval_path", self.eval_path is None),
                                               ("eval_split", self.eval_split is None),
                                               ("eval_rows", self.eval_rows is None))
-                      if not unset]
+                     if not unset]
         if self.source == "tasks" and self.path is not None:
             file_only.insert(0, "path")
         if self.source != "file" and file_only:
@@ -59,6 +68,12 @@ class DataConfig(HeldOutFields):
         if self.source != "jsonl" and self.kind == "rl":
             raise ValueError(f"kind rl needs source jsonl (source {self.source} has no "
                              "rollouts)")
+        if self.layout == "webgpt" and self.kind != "dpo":
+            raise ValueError(f"layout webgpt holds preference pairs: it needs kind dpo (not "
+                             f"{self.kind})")
+        if self.keys.margin is not None and (self.kind != "dpo" or self.layout != "pairs"):
+            raise ValueError("keys.margin applies to kind dpo in layout pairs (layout webgpt "
+                             "takes the score difference)")
         return self
 
     def file_source(self) -> DataSourceFields:

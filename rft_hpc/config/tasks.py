@@ -8,7 +8,7 @@ from typing import Annotated, Literal
 from pydantic import AfterValidator, Field, model_validator
 
 from rft_hpc.config.paths import ConfigPath
-from rft_hpc.config.rewards import RewardField, default_reward
+from rft_hpc.config.rewards import RewardField, RewardSpec, default_reward
 from rft_hpc.core.config_section import ConfigSection
 
 
@@ -78,6 +78,32 @@ class LookupTasks(_ToolTaskSplits):
     """Digits of each account number."""
 
 
+GOLD_REWARD = "rft_hpc.tasks.preferences:gold_reward"
+"""The hidden gold rule of the generated preference data (docs/reward-models.md)."""
+
+
+class DescribeTasks(ConfigSection):
+    """Generated prompts `Describe the <topic>.`, scored by default with the hidden gold
+    rule of the generated preference data (`rft_hpc.tasks.preferences:gold_reward`,
+    docs/reward-models.md). The evaluation tasks ask about topics the training tasks never
+    name; each task's answer is its topic."""
+
+    type: Literal["describe"] = "describe"
+    """Selects generated descriptions."""
+
+    train_size: int = Field(5000, ge=1)
+    """Training tasks, their topics drawn at random (seeded by `run.seed`) from the
+    training topics."""
+
+    eval_size: int = Field(500, ge=1)
+    """Tasks held out for evaluation, on the held-out topics (never trained on)."""
+
+    reward: RewardField = Field(default_factory=lambda: RewardSpec(name=GOLD_REWARD))
+    """Reward function: the gold rule by default; a built-in name or
+    `package.module:function` (e.g. a learned reward model), or `{name, args}`
+    (docs/rewards.md)."""
+
+
 class DataKeys(ConfigSection):
     """Which column of a data source holds what (docs/data.md). Every other column goes
     into the task's (or record's) `info`, for rewards and workflows."""
@@ -106,6 +132,29 @@ class DataKeys(ConfigSection):
 
     task_id: str = "task_id"
     """Column of each row's id, where the source has one (else `<file stem>-<row>`)."""
+
+    margin: str | None = None
+    """Column of each DPO pair's margin (a number: how much better the chosen response is),
+    kept in the record's `info["margin"]`; unset, pairs carry no margin. Layout `pairs`
+    only: layout `webgpt` takes the score difference."""
+
+    question: str = "question"
+    """Column of the question, for offline DPO data in layout `webgpt`: text, or a mapping
+    whose `full_text` is the text (as in WebGPT's comparisons)."""
+
+    answer_0: str = "answer_0"
+    """Column of the first answer, for offline DPO data in layout `webgpt`."""
+
+    answer_1: str = "answer_1"
+    """Column of the second answer, for offline DPO data in layout `webgpt`."""
+
+    score_0: str = "score_0"
+    """Column of the first answer's score (a number), for offline DPO data in layout
+    `webgpt`; the higher-scored answer is the one chosen."""
+
+    score_1: str = "score_1"
+    """Column of the second answer's score (a number), for offline DPO data in layout
+    `webgpt`."""
 
 
 def check_rows(rows: tuple[int, int] | None) -> tuple[int, int] | None:
@@ -189,5 +238,5 @@ class FileTasks(HeldOutFields):
 JsonlTasks = FileTasks
 """The earlier name of `FileTasks` (it read JSONL only)."""
 
-TasksConfig = Annotated[ArithmeticTasks | ProductsTasks | LookupTasks | FileTasks,
-                        Field(discriminator="type")]
+TasksConfig = Annotated[ArithmeticTasks | ProductsTasks | LookupTasks | DescribeTasks
+                        | FileTasks, Field(discriminator="type")]

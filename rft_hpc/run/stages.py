@@ -195,7 +195,8 @@ def _import_offline_data(config: ExperimentConfig, run: RunDir) -> None:
         tok = AutoTokenizer.from_pretrained(str(config.model.path), local_files_only=True)
         stops = model_stop_ids(config.model.path, tok, config.prompt)
         if data.source == "file":
-            records = example_records(load_offline_examples(data.file_source(), data.kind),
+            records = example_records(load_offline_examples(data.file_source(), data.kind,
+                                                            layout=data.layout),
                                       tok, prompt_format=config.prompt, stop_ids=stops)
         else:
             train, _ = build_tasks(config.tasks, config.run.seed)

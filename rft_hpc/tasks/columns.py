@@ -63,6 +63,17 @@ def answer_text(row: Mapping[str, object], column: str) -> str:
     return value
 
 
+def number(row: Mapping[str, object], column: str) -> float:
+    """The finite number in `column` (an integer or a float, not a boolean), as a float."""
+    value = _value(row, column)
+    if isinstance(value, bool) or not isinstance(value, int | float) \
+            or not math.isfinite(value):
+        shown = f" {value}" if isinstance(value, float) else ""
+        raise RowError(f"column {column!r} holds {type_name(value)}{shown}, expected a "
+                       "finite number")
+    return float(value)
+
+
 def messages(row: Mapping[str, object], column: str) -> list[dict[str, str]]:
     """The chat messages in `column`: a non-empty list of `{role, content}` strings."""
     value = _value(row, column)

@@ -56,7 +56,8 @@ def check_task_sources(config: ExperimentConfig) -> None:
             raise UserError(f"{key}: {exc}") from None
     for key, data in offline_sources(config):
         try:
-            examples = load_offline_examples(data.file_source(), data.kind)
+            examples = load_offline_examples(data.file_source(), data.kind,
+                                             layout=data.layout)
         except UserError as exc:
             raise UserError(f"{key}: {exc}") from None
         chat = next((e for e in examples if e.prompt.messages is not None), None)

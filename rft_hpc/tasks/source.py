@@ -6,17 +6,24 @@ import random
 from dataclasses import replace
 
 from rft_hpc.config.rewards import RewardSpec
-from rft_hpc.config.tasks import ArithmeticTasks, FileTasks, LookupTasks, ProductsTasks
+from rft_hpc.config.tasks import (
+    ArithmeticTasks,
+    DescribeTasks,
+    FileTasks,
+    LookupTasks,
+    ProductsTasks,
+)
 from rft_hpc.core.errors import UserError
 from rft_hpc.tasks.arithmetic import arithmetic_tasks
 from rft_hpc.tasks.files import load_tasks
 from rft_hpc.tasks.lookup import lookup_tasks
+from rft_hpc.tasks.preferences import describe_tasks
 from rft_hpc.tasks.products import product_tasks
 from rft_hpc.tasks.task import Task
 
 
-def build_tasks(source: ArithmeticTasks | ProductsTasks | LookupTasks | FileTasks, seed: int,
-                ) -> tuple[list[Task], list[Task]]:
+def build_tasks(source: ArithmeticTasks | ProductsTasks | LookupTasks | DescribeTasks
+                | FileTasks, seed: int) -> tuple[list[Task], list[Task]]:
     """(train, eval) tasks; the same config and seed always give the same lists. A bad
     data source or row raises one `UserError` naming the file and row."""
     if isinstance(source, ProductsTasks | LookupTasks):
@@ -28,6 +35,9 @@ def build_tasks(source: ArithmeticTasks | ProductsTasks | LookupTasks | FileTask
         except ValueError as exc:
             raise UserError(f"tasks.train_size / tasks.eval_size: {exc}") from exc
         train = _without_calls(train, 1.0 - source.call_share, seed)
+        return _with_reward(train, source.reward), _with_reward(held_out, source.reward)
+    if isinstance(source, DescribeTasks):
+        train, held_out = describe_tasks(source.train_size, source.eval_size, seed)
         return _with_reward(train, source.reward), _with_reward(held_out, source.reward)
     if isinstance(source, ArithmeticTasks):
         train, held_out = arithmetic_tasks(source.digits, source.ops, source.eval_size, seed)

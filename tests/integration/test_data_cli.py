@@ -66,6 +66,11 @@ OFFLINE_CASES = {
     "empty response": (
         {"q": ["1+1=", "2+2=", "3+3="], "a": ["2", "", "6"]}, "keys: {prompt: q, response: a}",
         ["expert.parquet, row 1: column 'a' is empty"]),
+    "WebGPT score": (
+        {"question": ["Why?", "How?"], "answer_0": ["a", "b"], "answer_1": ["c", "d"],
+         "score_0": [1.0, None], "score_1": [0.0, 0.0]}, "kind: dpo, layout: webgpt",
+        ["1 bad WebGPT comparison row(s)",
+         "expert.parquet, row 1: column 'score_0' holds null, expected a finite number"]),
     "chat under raw prompts": (
         {"messages": [[{"role": "user", "content": "1+1="},
                        {"role": "assistant", "content": "2"}]]}, "kind: sft",
