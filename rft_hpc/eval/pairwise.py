@@ -39,7 +39,8 @@ def heldout_pairs(config: ExperimentConfig,
         source = data.eval_source()
         if source is None:
             return []
-        records = example_records(load_offline_examples(source, "dpo"), tokenizer,
+        examples = load_offline_examples(source, "dpo", layout=data.layout)
+        records = example_records(examples, tokenizer,
                                   prompt_format=config.prompt, stop_ids=stops)
     else:
         _, held_out = build_tasks(config.tasks, config.run.seed)

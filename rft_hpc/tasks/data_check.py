@@ -58,6 +58,9 @@ def check_task_sources(config: ExperimentConfig) -> None:
         try:
             examples = load_offline_examples(data.file_source(), data.kind,
                                              layout=data.layout)
+            held_out = data.eval_source()
+            if held_out is not None:
+                load_offline_examples(held_out, data.kind, layout=data.layout)
         except UserError as exc:
             raise UserError(f"{key}: {exc}") from None
         chat = next((e for e in examples if e.prompt.messages is not None), None)

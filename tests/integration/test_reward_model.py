@@ -65,17 +65,22 @@ def rm_run(tmp_path_factory) -> Path:
 
 
 @pytest.mark.timeout(900)
+def _stage(run: Path) -> Path:
+    return run / "stages" / "0-main"
+
+
 def test_a_reward_model_learns_the_preferences_and_is_evaluated_on_held_out_pairs(rm_run):
-    steps = [m for m in read_metrics(rm_run / "metrics" / "trainer.jsonl") if "loss" in m]
+    stage = _stage(rm_run)
+    steps = [m for m in read_metrics(stage / "metrics" / "trainer.jsonl") if "loss" in m]
     assert len(steps) == 40
     assert all(0.0 <= m["accuracy"] <= 1.0 and m["pairs"] == 16 for m in steps)
     assert sum(m["loss"] for m in steps[-5:]) < sum(m["loss"] for m in steps[:5])
-    evals = {m["step"]: m for m in read_metrics(rm_run / "metrics" / "trainer.jsonl")
+    evals = {m["step"]: m for m in read_metrics(stage / "metrics" / "trainer.jsonl")
              if "eval_accuracy" in m}
     assert sorted(evals) == [0, 20, 40]
     assert evals[0]["eval_accuracy"] == 0.0  # a fresh head scores every response 0
     assert evals[40]["eval_accuracy"] >= 0.9
-    answers = read_jsonl(RunDir(rm_run).heldout_answers(40))
+    answers = read_jsonl(RunDir(stage).heldout_answers(40))
     assert [a["task_id"] for a in answers] == [f"pair-{i}" for i in
                                                range(TRAIN, TRAIN + HELD_OUT)]
     assert sum(a["correct"] for a in answers) / HELD_OUT == evals[40]["eval_accuracy"]
@@ -98,8 +103,8 @@ def test_the_exported_reward_model_loads_in_transformers_and_scores_the_same(rm_
     assert type(model).__name__ == "Qwen2ForSequenceClassification"
     assert model.config.num_labels == 1
     tokenizer = AutoTokenizer.from_pretrained(out, local_files_only=True)
-    pairs = heldout_pairs(load_config(rm_run / "config.yaml"), tokenizer)
-    answers = read_jsonl(RunDir(rm_run).heldout_answers(40))
+    pairs = heldout_pairs(load_config(_stage(rm_run) / "config.yaml"), tokenizer)
+    answers = read_jsonl(RunDir(_stage(rm_run)).heldout_answers(40))
     with torch.no_grad():  # one pair at a time: no padding, transformers' own pooling
         for pair, answer in zip(pairs, answers, strict=True):
             for tokens, want in ((pair.chosen_tokens, answer["chosen"]),
