@@ -12,9 +12,9 @@ import difflib
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cache
-from typing import Literal, get_args, get_origin
+from typing import Annotated, Literal, get_args, get_origin
 
-from pydantic import BaseModel
+from pydantic import BaseModel, Tag
 from pydantic_core import ErrorDetails
 
 from rft_hpc.config.annotations import is_model, is_union, models_in, tags, without_none
@@ -76,12 +76,13 @@ def locate(root: type[BaseModel], loc: Sequence[Key]) -> Target:
     annotation: object = root
     discriminator: str | None = None
     for step in loc:
-        annotation = without_none(annotation)
+        if not (is_union(annotation) and _tagged(annotation, step) is not None):
+            annotation = without_none(annotation)  # (it would drop the members' tags)
         if discriminator is not None:  # this step is the tag that selected a variant
             annotation, discriminator = _variant(annotation, discriminator, step), None
             continue
         if is_union(annotation):  # pydantic labels the union member it tried
-            annotation = None
+            annotation = _tagged(annotation, step)
             continue
         keys.append(step)
         owner = annotation if is_model(annotation) else None
@@ -198,6 +199,16 @@ def _child(annotation: object, key: Key) -> tuple[object, str | None]:
     if get_origin(annotation) in (list, tuple) and args:
         return args[0], None
     return None, None
+
+
+def _tagged(annotation: object, label: Key) -> object:
+    """The member of union `annotation` that pydantic's location step `label` names: the one
+    annotated with `Tag(label)` (a union told apart by a callable discriminator), else None."""
+    for member in get_args(annotation):
+        if get_origin(member) is Annotated and any(
+                isinstance(m, Tag) and m.tag == label for m in member.__metadata__):
+            return member
+    return None
 
 
 def _variant(annotation: object, discriminator: str, tag: Key) -> object:
