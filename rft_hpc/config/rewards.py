@@ -47,7 +47,8 @@ def check_reward_name(name: str) -> str:
 
 
 class RewardSpec(ConfigSection):
-    """A reward function and the keyword arguments it is called with."""
+    """A reward function and the keyword arguments it is called with (alone, or as an entry
+    of a list of rewards)."""
 
     name: str
     """A built-in reward (`exact_match`, `exact_match_with_format`, `math_verify`,
@@ -70,8 +71,9 @@ class RewardSpec(ConfigSection):
 
 
 class RewardModelSpec(ConfigSection):
-    """A reward model: a local Hugging Face sequence-classification folder with one label,
-    scoring prompt and response together in the explorer (docs/rewards.md)."""
+    """A reward model (alone, or as an entry of a list of rewards): a local Hugging Face
+    sequence-classification folder with one label, scoring prompt and response together in
+    the explorer (docs/rewards.md)."""
 
     model: ConfigPath
     """The reward model's folder (config.json with a `...ForSequenceClassification`

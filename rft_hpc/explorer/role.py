@@ -48,7 +48,7 @@ from rft_hpc.runtime.logs import at_step, setup_logging, step_line
 from rft_hpc.runtime.placement import reward_worker_bounds
 from rft_hpc.sync.follower import WeightFollower, build_receiver
 from rft_hpc.sync.weight_files import load_start_weights
-from rft_hpc.tasks.model_reward import ModelScorer
+from rft_hpc.tasks.model_reward import ModelScorer, engine_device
 from rft_hpc.tasks.reward_mix import RewardMix
 from rft_hpc.tasks.reward_pool import RewardPool
 
@@ -94,12 +94,10 @@ def single_turn_workflow(config: ExperimentConfig, run: RunDir, role: str,
                          start_engine: EngineStarter) -> Workflow:
     """Streaming single-turn steps (`StepStream`) scored by a `RewardMix`: reward functions
     in a `RewardPool`, reward models (loaded on first use) on the engine's device."""
-    import torch
-
     cfg = config.explorer
     workers, cores = reward_worker_bounds(cfg.reward_workers)
     pool = RewardPool(workers, cfg.reward_timeout, cores=cores)  # starts while the model loads
-    rewards = RewardMix(pool, ModelScorer("cuda" if torch.cuda.is_available() else "cpu"))
+    rewards = RewardMix(pool, ModelScorer(engine_device()))
     failures = RewardFailures(cfg.reward_failure_limit)
     try:
         engine = start_engine()

@@ -36,6 +36,14 @@ if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 
+def engine_device() -> str:
+    """Where a role's reward models run: its GPU when it has one (as its engine), else the
+    CPU."""
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
 def conversation(task: Task, response: str) -> list[dict[str, str]]:
     """The messages a reward model's chat template renders: the task's chat messages, or its
     prompt as one user message, then `response` as the assistant's."""

@@ -20,6 +20,8 @@ from rft_hpc.config.rewards import RewardModelSpec
 from rft_hpc.tasks.model_reward import ModelScorer
 from rft_hpc.tasks.reward_pool import MESSAGE_CHARS, RewardCall, RewardOutcome, RewardPool, Scoring
 from rft_hpc.tasks.reward_terms import term_label, term_task
+from rft_hpc.tasks.rewards import call_reward
+from rft_hpc.tasks.task import Task
 
 
 @dataclass
@@ -129,3 +131,24 @@ class RewardMix:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def score_in_process(task: Task, response: str, models: ModelScorer) -> float:
+    """`task`'s reward of `response` computed here, without workers or time limit (held-out
+    evaluation): function terms called in this process, model terms scored by `models`
+    unnormalised (a z-score of one answer means nothing), weighted and summed. Raises what
+    a function raises, and `RuntimeError` with the reason when a model cannot score."""
+    if not task.reward_terms:
+        return call_reward(task, response)
+    total = 0.0
+    for term in task.reward_terms:
+        if isinstance(term, RewardModelSpec):
+            raw = term.model_copy(update={"normalize": "none"})
+            (outcome,) = models.score([(term_task(task, raw), response)])
+            if outcome.failed:
+                raise RuntimeError(f"{term_label(term)}: {outcome.error}")
+            total += term.weight * outcome.score
+        else:
+            total += term.weight * call_reward(term_task(task, term), response)
+    return total
+

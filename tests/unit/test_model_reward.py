@@ -15,7 +15,7 @@ from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
 from rft_hpc.config.rewards import RewardModelSpec, RewardSpec
 from rft_hpc.tasks.model_reward import ModelScorer, RunningMoments, model_text
-from rft_hpc.tasks.reward_mix import RewardMix
+from rft_hpc.tasks.reward_mix import RewardMix, score_in_process
 from rft_hpc.tasks.reward_pool import RewardPool
 from rft_hpc.tasks.task import Task
 
@@ -173,3 +173,14 @@ def test_a_failing_term_fails_the_whole_call(chat_rm, tmp_path, monkeypatch):
         "failing_rewards:boom: ValueError: no score for x"
     assert model_failed.score == 0.0
     assert model_failed.error.startswith(f"model:{broken}: IndexError")
+
+
+def test_in_process_scoring_sums_the_raw_terms(chat_rm):
+    """Held-out evaluation's scoring: no workers, the model's score unnormalised."""
+    task = Task("m", "What is 2+2?", "4", reward_terms=(
+        RewardSpec(name="exact_match", weight=0.5),
+        RewardModelSpec(model=chat_rm, weight=2.0, normalize="batch")))
+    raw = direct_scores(chat_rm, [(task, "4")])[0]
+    assert score_in_process(task, "4", ModelScorer()) == pytest.approx(0.5 + 2 * raw,
+                                                                       abs=1e-5)
+    assert score_in_process(Task("p", "1+1=", "2"), "2", ModelScorer()) == 1.0

@@ -66,7 +66,7 @@ def test_a_weighted_function_sum_is_called_in_process_and_a_model_is_not(rm):
         RewardSpec(name="exact_match", weight=0.5),
         RewardSpec(name="exact_match_with_format", weight=2.0)))
     assert call_reward(task, "2") == pytest.approx(0.5 + 2 * 1.1)
-    with pytest.raises(ValueError, match="single-turn workflow only"):
+    with pytest.raises(ValueError, match="reward models score through a model scorer"):
         call_reward(Task("t", "1+1=", "2", reward_terms=(RewardModelSpec(model=rm),)), "2")
 
 
