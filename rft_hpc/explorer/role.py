@@ -7,8 +7,10 @@ One loop (`ExplorerLoop.explore`) drives the workflow `explorer.workflow.type` n
 through the `explorer.protocols.Workflow` interface (`WORKFLOWS`). Single-turn steps stream
 (`explorer.step_stream`): up to `explorer.steps_in_flight` steps' requests in flight together, new
 weights taken between engine steps, each step written once its last group is scored; their
-rewards run in worker processes, each call within `explorer.reward_timeout`
-(`rft_hpc.tasks.reward_pool`). Multi-turn steps run one at a time (`explorer.overrollout`),
+reward functions run in worker processes, each call within `explorer.reward_timeout`
+(`rft_hpc.tasks.reward_pool`), reward models in batched forwards in the explorer
+(`rft_hpc.tasks.model_reward`), a task's weighted terms summed by
+`rft_hpc.tasks.reward_mix`. Multi-turn steps run one at a time (`explorer.overrollout`),
 taking new weights at step boundaries.
 """
 
