@@ -14,7 +14,8 @@ token that is not padding, whichever side is padded.
 Scores are normalised as the model's term says: `none`, `batch` (z-score over the calls of
 one forward batch) or `running` (z-score by the mean and standard deviation of every score
 that model gave so far, this batch's included). A forward that raises scores its calls 0
-with the error, as a raising reward function does; so does a model that fails to load.
+with the error, as a raising reward function does; so does a model that fails to load, and
+a score that is not finite (that call alone).
 """
 
 from __future__ import annotations
@@ -137,8 +138,12 @@ class RewardModel:
             self.tokenizer.pad_token_id = config.pad_token_id
         elif config.pad_token_id is None and self.tokenizer.pad_token_id is not None:
             config.pad_token_id = self.tokenizer.pad_token_id
-        self.max_length = getattr(config, "max_position_embeddings", None) or min(
-            self.tokenizer.model_max_length, 1 << 20)
+        # tokenizers without a limit say model_max_length ~1e30
+        limits = [getattr(config, "max_position_embeddings", None),
+                  self.tokenizer.model_max_length if self.tokenizer.model_max_length < 1 << 30
+                  else None]
+        self.max_length = min((n for n in limits if n), default=None)
+        """Tokens a text is cut to (None: not cut)."""
 
     def texts(self, calls: Sequence[RewardCall]) -> list[str]:
         """What the model reads for each call (`model_text`)."""
@@ -247,9 +252,15 @@ class ModelScorer:
             for scoring, index in batch:
                 scoring.put(index, RewardOutcome(error=error))
             return
+        finite = [(item, x) for item, x in zip(batch, raw, strict=True) if math.isfinite(x)]
+        for (scoring, index), x in zip(batch, raw, strict=True):
+            if not math.isfinite(x):
+                scoring.put(index, RewardOutcome(error=f"reward model {spec.model} returned {x}"))
+        if not finite:
+            return
         moments = self._moments.setdefault(spec.model, RunningMoments())
-        for (scoring, index), score in zip(batch, normalized(raw, spec.normalize, moments),
-                                           strict=True):
+        scores = normalized([x for _, x in finite], spec.normalize, moments)
+        for ((scoring, index), _), score in zip(finite, scores, strict=True):
             scoring.put(index, RewardOutcome(score))
 
     def close(self) -> None:

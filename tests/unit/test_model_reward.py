@@ -14,6 +14,7 @@ from helpers.reward_models import BROKEN_TOKEN, broken_reward_model, reward_mode
 from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
 from rft_hpc.config.rewards import RewardModelSpec, RewardSpec
+from rft_hpc.explorer.protocols import Scorer
 from rft_hpc.tasks.model_reward import ModelScorer, RunningMoments, model_text
 from rft_hpc.tasks.reward_mix import RewardMix, score_in_process
 from rft_hpc.tasks.reward_pool import RewardPool
@@ -152,6 +153,7 @@ def test_the_mix_sums_a_function_and_a_model_with_their_weights(chat_rm):
     calls = [(mixed, "4"), (mixed, "22"), (plain, "4"), (plain, "5")]
     raw = direct_scores(chat_rm, [(mixed, "4"), (mixed, "22")])
     with RewardMix(RewardPool(workers=1, timeout=60.0)) as mix:
+        assert isinstance(mix, Scorer) and isinstance(mix.models, Scorer)
         outcomes = mix.score(calls)
         assert [o.score for o in outcomes] == pytest.approx(
             [0.5 + 2 * raw[0], 2 * raw[1], 1.0, 0.0], abs=1e-5)
