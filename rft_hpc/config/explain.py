@@ -108,6 +108,10 @@ def explain(root: type[BaseModel], error: ErrorDetails) -> tuple[tuple[Key, ...]
     if kind in _BOUNDS:
         name, op = _BOUNDS[kind]
         return target.keys, f"must be {op} {ctx.get(name)}, got {describe(given)}"
+    if kind == "too_short":
+        return target.keys, (f"needs at least {ctx.get('min_length')} "
+                             f"{'entry' if ctx.get('min_length') == 1 else 'entries'}, "
+                             f"got {ctx.get('actual_length')}")
     if kind in ("value_error", "assertion_error") and "error" in ctx:
         return target.keys, str(ctx["error"])
     expected = _EXPECTED.get(kind.split("_", 1)[0])

@@ -143,6 +143,7 @@ def test_a_task_sets_model_and_a_multi_turn_run_are_refused_at_their_keys(tmp_pa
     ("[exact_match, {model: /x, nrmalize: batch}]", "tasks.reward[1].nrmalize",
      "unknown key; did you mean 'normalize'?"),
     ("[exact_mach]", "tasks.reward[0].name", "unknown reward 'exact_mach'"),
+    ("[]", "tasks.reward", "needs at least 1 entry, got 0"),
 ])
 def test_schema_errors_of_reward_terms_are_at_the_users_keys(tmp_path, reward, where, message):
     (problem,) = problems(write(tmp_path, reward))
