@@ -90,6 +90,6 @@ def test_a_missing_reward_model_is_refused_before_anything_starts(tmp_path, tiny
     config = experiment(tmp_path, tiny_model, tmp_path / "no-rm")
     result = rft("run", config, cwd=tmp_path)
     assert result.returncode == 2, result.stdout + result.stderr
-    assert f"exp.yaml:10: tasks.reward[1].model: reward model folder '{tmp_path / 'no-rm'}' " \
+    assert f"exp.yaml:9: tasks.reward[1].model: reward model folder '{tmp_path / 'no-rm'}' " \
            "does not exist" in re.sub(r"\s+", " ", result.stderr), result.stderr
     assert not (tmp_path / "runs").exists()
