@@ -12,9 +12,9 @@ import difflib
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cache
-from typing import Literal, get_args, get_origin
+from typing import Annotated, Literal, get_args, get_origin
 
-from pydantic import BaseModel
+from pydantic import BaseModel, Tag
 from pydantic_core import ErrorDetails
 
 from rft_hpc.config.annotations import is_model, is_union, models_in, tags, without_none
@@ -76,12 +76,13 @@ def locate(root: type[BaseModel], loc: Sequence[Key]) -> Target:
     annotation: object = root
     discriminator: str | None = None
     for step in loc:
-        annotation = without_none(annotation)
+        if not (is_union(annotation) and _tagged(annotation, step) is not None):
+            annotation = without_none(annotation)  # (it would drop the members' tags)
         if discriminator is not None:  # this step is the tag that selected a variant
             annotation, discriminator = _variant(annotation, discriminator, step), None
             continue
         if is_union(annotation):  # pydantic labels the union member it tried
-            annotation = None
+            annotation = _tagged(annotation, step)
             continue
         keys.append(step)
         owner = annotation if is_model(annotation) else None
@@ -107,6 +108,10 @@ def explain(root: type[BaseModel], error: ErrorDetails) -> tuple[tuple[Key, ...]
     if kind in _BOUNDS:
         name, op = _BOUNDS[kind]
         return target.keys, f"must be {op} {ctx.get(name)}, got {describe(given)}"
+    if kind == "too_short":
+        return target.keys, (f"needs at least {ctx.get('min_length')} "
+                             f"{'entry' if ctx.get('min_length') == 1 else 'entries'}, "
+                             f"got {ctx.get('actual_length')}")
     if kind in ("value_error", "assertion_error") and "error" in ctx:
         return target.keys, str(ctx["error"])
     expected = _EXPECTED.get(kind.split("_", 1)[0])
@@ -198,6 +203,16 @@ def _child(annotation: object, key: Key) -> tuple[object, str | None]:
     if get_origin(annotation) in (list, tuple) and args:
         return args[0], None
     return None, None
+
+
+def _tagged(annotation: object, label: Key) -> object:
+    """The member of union `annotation` that pydantic's location step `label` names: the one
+    annotated with `Tag(label)` (a union told apart by a callable discriminator), else None."""
+    for member in get_args(annotation):
+        if get_origin(member) is Annotated and any(
+                isinstance(m, Tag) and m.tag == label for m in member.__metadata__):
+            return member
+    return None
 
 
 def _variant(annotation: object, discriminator: str, tag: Key) -> object:

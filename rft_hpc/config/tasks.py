@@ -29,7 +29,8 @@ class ArithmeticTasks(ConfigSection):
 
     reward: RewardField = Field(default_factory=default_reward)
     """Reward function: a built-in name or `package.module:function`, or `{name, args}` to
-    give it keyword arguments (docs/rewards.md)."""
+    give it keyword arguments; a reward model `{model, normalize}`; or a list of those,
+    whose weighted sum is the reward (docs/rewards.md)."""
 
 
 class _ToolTaskSplits(ConfigSection):
@@ -43,7 +44,8 @@ class _ToolTaskSplits(ConfigSection):
 
     reward: RewardField = Field(default_factory=default_reward)
     """Reward of the final answer (the turn without a tool call): a built-in name or
-    `package.module:function`, or `{name, args}` (docs/rewards.md)."""
+    `package.module:function`, or `{name, args}`, or a weighted list of functions
+    (docs/rewards.md; reward models score single-turn rollouts only)."""
 
     call_share: float = Field(1.0, ge=0.0, le=1.0)
     """Share of the training tasks whose demonstration (`data: {source: tasks}`) calls the
@@ -230,9 +232,9 @@ class FileTasks(HeldOutFields):
     """Selects tasks from data files (`jsonl` is the same, its earlier name)."""
 
     reward: RewardField | None = None
-    """Reward function of every task, a name or `{name, args}` (docs/rewards.md); it wins
-    over a row's own `reward` column. Null: each row's `reward` column, else
-    `exact_match`."""
+    """Reward of every task, a name or `{name, args}`, a reward model `{model, normalize}`,
+    or a list of those whose weighted sum is the reward (docs/rewards.md); it wins over a
+    row's own `reward` column. Null: each row's `reward` column, else `exact_match`."""
 
 
 JsonlTasks = FileTasks

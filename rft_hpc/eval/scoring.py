@@ -18,7 +18,8 @@ from typing import Any
 
 from rft_hpc.config.schema import EvalConfig
 from rft_hpc.engines.protocol import InferenceEngine
-from rft_hpc.tasks.rewards import call_reward
+from rft_hpc.tasks.model_reward import ModelScorer, engine_device
+from rft_hpc.tasks.reward_mix import score_in_process
 from rft_hpc.tasks.task import Task
 
 CORRECT = 1.0
@@ -60,19 +61,21 @@ def score_tasks(engine: InferenceEngine, tasks: Sequence[Task], *, k: int, n: in
                 temperature: float, max_new_tokens: int, batch_size: int, seed: int,
                 answers: list[dict[str, Any]] | None = None) -> dict[str, Any]:
     """Greedy answers and `n` samples at `temperature` of every task (k = n = 0: greedy
-    only), prompts in the engine's prompt format, scored by each task's own reward
-    (`reward_errors`: calls that raised, scored 0); `summarize`d. Each task's greedy answer
-    is appended to `answers` when given, in task order, as `{"task_id", "answer",
-    "reward"}`."""
+    only), prompts in the engine's prompt format, scored by each task's own reward (a
+    reward model's raw score; `reward_errors`: calls that raised, scored 0); `summarize`d.
+    Each task's greedy answer is appended to `answers` when given, in task order, as
+    `{"task_id", "answer", "reward"}`."""
     if n < k:
         raise ValueError(f"pass@{k} needs at least {k} samples per task, not {n}")
     greedy: list[float] = []
     samples: list[list[float]] = []
     errors = [0]
 
+    models = ModelScorer(engine_device())  # reward models, loaded when a task uses one
+
     def score(task: Task, text: str) -> float:
         try:
-            return call_reward(task, text)
+            return score_in_process(task, text, models)
         except Exception:  # a user's reward that fails on one answer: that answer scores 0
             errors[0] += 1
             return 0.0

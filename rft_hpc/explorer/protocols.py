@@ -116,7 +116,9 @@ class Workflow(Protocol):
 @runtime_checkable
 class Scorer(Protocol):
     """Scores rollouts with their tasks' rewards, without blocking the caller: the reward
-    function pool today (`tasks.reward_pool.RewardPool`), reward models or LLM judges next.
+    function pool (`tasks.reward_pool.RewardPool`), reward models
+    (`tasks.model_reward.ModelScorer`) and the sum of a task's weighted terms over both
+    (`tasks.reward_mix.RewardMix`, the explorer's); LLM judges next.
 
     It promises: every call submitted gets one `RewardOutcome` in its `Scoring`, in call
     order; a reward that raises, dies or overruns scores its rollout 0 and says why

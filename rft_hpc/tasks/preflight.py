@@ -11,7 +11,7 @@ from rft_hpc.config.loader import Check
 from rft_hpc.tasks.reward_check import reward_problems
 
 PREFLIGHT_CHECKS: tuple[tuple[frozenset[str], Check], ...] = (
-    (frozenset({"run", "tasks", "pipeline", "stages"}), reward_problems),
+    (frozenset({"run", "tasks", "pipeline", "stages", "explorer", "mode"}), reward_problems),
 )
 """(the top-level sections a check reads, the check); a check is skipped when one of its
 sections failed to validate (that section's problems are reported instead)."""

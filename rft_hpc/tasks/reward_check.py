@@ -5,16 +5,19 @@ imports each reward function (a built-in, or the user's `package.module:function
 binds its signature to `(task, response, **args)`, so that a typo, a module that fails to
 import or an argument the function does not take is one message at the config's key and
 line (`rft-hpc validate`, and `run`/`submit` before they start anything), never a crashed
-explorer. Tasks of a data file that name their own reward are checked the same way.
+explorer. Tasks of a data file that name their own reward are checked the same way. A
+reward model's folder must hold a one-label sequence classifier with a tokenizer and a pad
+token (its config and tokenizer are read, not its weights), at the term's `model` key.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 from rft_hpc.config.explain import Key
-from rft_hpc.config.rewards import RewardSpec
+from rft_hpc.config.rewards import AnyRewardSpec, RewardModelSpec, reward_terms
 from rft_hpc.config.schema import ExperimentConfig
 from rft_hpc.core.errors import UserError
 from rft_hpc.tasks.rewards import resolve_reward, signature_problem
@@ -43,17 +46,68 @@ def _task_sources(config: ExperimentConfig) -> Iterator[tuple[tuple[Key, ...], A
             yield ("stages", s, "pipeline", "tasksets", i, "tasks"), ts.tasks
 
 
+def model_problem(folder: Path) -> str | None:
+    """Why `folder` cannot be a reward model (missing, not a Hugging Face folder, not a
+    sequence classifier with one label, no tokenizer, no pad token), or None when it can.
+    Reads the folder's config and tokenizer, not its weights."""
+    where = "" if folder.is_absolute() else f" (looked in {Path.cwd()})"
+    if not folder.exists():
+        return f"reward model folder {str(folder)!r} does not exist{where}"
+    if not folder.is_dir():
+        return f"{str(folder)!r} is a file; expected a Hugging Face sequence-classification " \
+               "model folder"
+    from transformers import AutoConfig, AutoTokenizer
+
+    try:
+        config = AutoConfig.from_pretrained(str(folder), local_files_only=True)
+    except Exception as exc:  # whatever transformers raises for a folder it cannot read
+        return f"{str(folder)!r} is not a Hugging Face model folder: {exc}"[:500]
+    kinds = list(getattr(config, "architectures", None) or [])
+    if not any(k.endswith("ForSequenceClassification") for k in kinds):
+        return (f"{str(folder)!r} is not a sequence-classification model (architectures: "
+                f"{', '.join(kinds) or 'none'}); a reward model is a ...ForSequence"
+                "Classification folder with num_labels 1")
+    if config.num_labels != 1:
+        return (f"{str(folder)!r} has num_labels {config.num_labels}; a reward model gives "
+                "one score (num_labels 1)")
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
+    except Exception as exc:
+        return f"the tokenizer of reward model {str(folder)!r} cannot be loaded: {exc}"[:500]
+    if tokenizer.pad_token_id is None and config.pad_token_id is None:
+        return (f"reward model {str(folder)!r} has no pad token (neither its config's "
+                "pad_token_id nor its tokenizer's), which scoring in batches needs")
+    return None
+
+
+def _term_problems(keys: tuple[Key, ...], term: AnyRewardSpec,
+                   ) -> Iterator[tuple[tuple[Key, ...], str]]:
+    """(key path, problem) of one reward term at `keys`."""
+    if isinstance(term, RewardModelSpec):
+        found_model = model_problem(term.model)
+        if found_model:
+            yield (*keys, "model"), found_model
+        return
+    found = reward_problem(term.name, term.args)
+    if found:
+        what, message = found
+        yield (*keys, *(("args",) if what == "args" and term.args else ())), message
+
+
 def reward_problems(config: ExperimentConfig) -> Iterator[tuple[tuple[Key, ...], str]]:
     """(key path, problem) for each reward of `config` that cannot be imported or called
-    with its arguments (a check for `load_config`)."""
+    with its arguments, or whose reward model folder cannot be one (a check for
+    `load_config`); reward models outside the single-turn workflow are refused."""
     for keys, source in _task_sources(config):
         spec = getattr(source, "reward", None)
-        if isinstance(spec, RewardSpec):
-            found = reward_problem(spec.name, spec.args)
-            if found:
-                what, message = found
-                yield (*keys, "reward", *(("args",) if what == "args" and spec.args
-                                          else ())), message
+        if isinstance(spec, list):
+            for i, term in enumerate(spec):
+                yield from _term_problems((*keys, "reward", i), term)
+        elif spec is not None:
+            yield from _term_problems((*keys, "reward"), spec)
+        if spec is not None:
+            if any(isinstance(t, RewardModelSpec) for t in reward_terms(spec)):
+                yield from _workflow_problems(config, keys)
             continue
         try:  # rows that name their own reward
             train, held_out = build_tasks(source, config.run.seed)
@@ -67,3 +121,14 @@ def reward_problems(config: ExperimentConfig) -> Iterator[tuple[tuple[Key, ...],
             if found:
                 yield (*keys, "path"), f"task {task.task_id} names a reward that fails: " \
                                        f"{found[1]}"
+
+
+def _workflow_problems(config: ExperimentConfig, keys: tuple[Key, ...],
+                       ) -> Iterator[tuple[tuple[Key, ...], str]]:
+    """A reward model scores in the single-turn workflow's explorer only."""
+    kinds = {stage.explorer.workflow.type for _, stage in config.stage_configs()
+             if stage.mode in ("both", "explore")} - {"single_turn"}
+    if kinds:
+        yield (*keys, "reward"), (
+            "reward models score in the explorer's single-turn workflow only; this run uses "
+            f"explorer.workflow.type {', '.join(sorted(kinds))}")

@@ -18,6 +18,7 @@ from typing import Any
 from rft_hpc.config.rewards import BUILTIN_REWARDS
 from rft_hpc.core.errors import UserError
 from rft_hpc.core.plugins import import_callable
+from rft_hpc.tasks.reward_terms import term_task, uses_models
 from rft_hpc.tasks.task import Task
 
 RewardFn = Callable[..., float]
@@ -41,9 +42,16 @@ def resolve_reward(name: str) -> RewardFn:
 
 
 def call_reward(task: Task, response: str) -> float:
-    """The task's reward of `response`, with the task's reward arguments. Raises what the
-    function raises, and `TypeError` when it returns something that is not a finite
-    number."""
+    """The task's reward of `response`, with the task's reward arguments (a weighted sum of
+    functions: their weighted sum). Raises what a function raises, `TypeError` when one
+    returns something that is not a finite number, and `ValueError` for a reward with a
+    reward model term (those score through `tasks.reward_mix`)."""
+    if task.reward_terms:
+        if uses_models(task):
+            raise ValueError(f"reward {task.reward} has a reward model term: reward models "
+                             "score through a model scorer (tasks.reward_mix), not here")
+        return sum(t.weight * call_reward(term_task(task, t), response)
+                   for t in task.reward_terms)
     value = resolve_reward(task.reward)(task, response, **task.reward_args)
     return as_score(value, task.reward)
 

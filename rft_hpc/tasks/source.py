@@ -5,7 +5,7 @@ from __future__ import annotations
 import random
 from dataclasses import replace
 
-from rft_hpc.config.rewards import RewardSpec
+from rft_hpc.config.rewards import AnyRewardSpec, RewardSpec, reward_terms
 from rft_hpc.config.tasks import (
     ArithmeticTasks,
     DescribeTasks,
@@ -19,6 +19,7 @@ from rft_hpc.tasks.files import load_tasks
 from rft_hpc.tasks.lookup import lookup_tasks
 from rft_hpc.tasks.preferences import describe_tasks
 from rft_hpc.tasks.products import product_tasks
+from rft_hpc.tasks.reward_terms import reward_label
 from rft_hpc.tasks.task import Task
 
 
@@ -51,11 +52,18 @@ def build_tasks(source: ArithmeticTasks | ProductsTasks | LookupTasks | Describe
     return train, held_out
 
 
-def _with_reward(tasks: list[Task], reward: str | RewardSpec) -> list[Task]:
-    """`tasks` scored by `reward`: a name, or a spec with `name` and `args`."""
-    name, args = (reward, {}) if isinstance(reward, str) else (reward.name, dict(reward.args))
-    given = {"reward_args": args} if args else {}
-    return [replace(t, reward=name, **given) for t in tasks]
+def _with_reward(tasks: list[Task], reward: str | AnyRewardSpec | list[AnyRewardSpec],
+                 ) -> list[Task]:
+    """`tasks` scored by `reward`: a name, a function spec with `name` and `args`, or (a
+    reward model, a weighted function, a list) the terms of a weighted sum."""
+    if isinstance(reward, str):
+        reward = RewardSpec(name=reward)
+    if isinstance(reward, RewardSpec) and reward.weight == 1.0:
+        given = {"reward_args": dict(reward.args)} if reward.args else {}
+        return [replace(t, reward=reward.name, **given) for t in tasks]
+    terms = tuple(reward_terms(reward))
+    return [replace(t, reward=reward_label(terms), reward_args={}, reward_terms=terms)
+            for t in tasks]
 
 
 def _without_calls(tasks: list[Task], share: float, seed: int) -> list[Task]:

@@ -8,6 +8,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from rft_hpc.config.rewards import AnyRewardSpec
 from rft_hpc.core.errors import UserError
 
 
@@ -31,6 +32,10 @@ class Task:
     """Chat messages to answer (in place of `prompt`), or None for a raw-text task."""
     reward_args: dict[str, Any] = field(default_factory=dict)
     """Keyword arguments of the reward function (the config's `reward: {name, args}`)."""
+    reward_terms: tuple[AnyRewardSpec, ...] = ()
+    """The weighted terms of the reward when it is more than one function with weight 1:
+    a reward model, or a list of rewards (the config's `reward`; then `reward` is only a
+    label for messages); empty: the function `reward` with `reward_args`."""
 
     def __post_init__(self) -> None:
         if self.messages is not None and self.prompt:
@@ -38,7 +43,8 @@ class Task:
 
     def to_json(self) -> dict[str, Any]:
         """The task as a JSON-ready dict (every field, `messages` None for raw text)."""
-        return asdict(self)
+        return {**asdict(self),
+                "reward_terms": [t.model_dump(mode="json") for t in self.reward_terms]}
 
 
 _REQUIRED = ("prompt", "answer")

@@ -1,0 +1,268 @@
+"""Rewards from reward models: a Hugging Face sequence-classification folder with one label
+scores prompt and response together, in batches, on the explorer's own device.
+
+`ModelScorer` is a reward `Scorer` (`explorer.protocols`): `submit` queues calls, `pump`
+scores what is queued, one batched forward per reward model and up to its `batch_size`
+calls at a time. Each call's task names its model (`reward_terms.model_term`). The text a
+model reads is the conversation rendered in the model tokenizer's own chat template when it
+has one (the task's prompt as a user message, or its chat messages, then the response as
+the assistant's message), else the raw prompt followed by the response; batches are padded
+on the tokenizer's padding side (a reward model's folder says which side it expects) and
+cut at the model's maximum positions. A sequence classifier reads its score at the last
+token that is not padding, whichever side is padded.
+
+Scores are normalised as the model's term says: `none`, `batch` (z-score over the calls of
+one forward batch) or `running` (z-score by the mean and standard deviation of every score
+that model gave so far, this batch's included). A forward that raises scores its calls 0
+with the error, as a raising reward function does; so does a model that fails to load, and
+a score that is not finite (that call alone).
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from rft_hpc.config.rewards import RewardModelSpec
+from rft_hpc.tasks.reward_pool import MESSAGE_CHARS, RewardCall, RewardOutcome, Scoring
+from rft_hpc.tasks.reward_terms import model_term
+from rft_hpc.tasks.task import Task
+
+if TYPE_CHECKING:
+    import torch
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+
+def engine_device() -> str:
+    """Where a role's reward models run: its GPU when it has one (as its engine), else the
+    CPU."""
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def conversation(task: Task, response: str) -> list[dict[str, str]]:
+    """The messages a reward model's chat template renders: the task's chat messages, or its
+    prompt as one user message, then `response` as the assistant's."""
+    prompt = ([dict(m) for m in task.messages] if task.messages is not None
+              else [{"role": "user", "content": task.prompt}])
+    return [*prompt, {"role": "assistant", "content": response}]
+
+
+def model_text(tokenizer: PreTrainedTokenizerBase, task: Task, response: str) -> str:
+    """What the reward model reads for one call: the conversation in the tokenizer's chat
+    template when it has one, else the prompt text followed by the response."""
+    if tokenizer.chat_template:
+        text = tokenizer.apply_chat_template(conversation(task, response), tokenize=False)
+        assert isinstance(text, str)
+        return text
+    prompt = (task.prompt if task.messages is None
+              else "\n".join(m["content"] for m in task.messages))
+    return prompt + response
+
+
+@dataclass
+class RunningMoments:
+    """Count, mean and sum of squared deviations of every score seen (Chan et al.'s
+    parallel update: one batch at a time, no score kept)."""
+
+    count: int = 0
+    mean: float = 0.0
+    m2: float = 0.0
+
+    def add(self, scores: Sequence[float]) -> None:
+        """Take `scores` into the moments."""
+        n = len(scores)
+        if not n:
+            return
+        mean = sum(scores) / n
+        m2 = sum((s - mean) ** 2 for s in scores)
+        delta, total = mean - self.mean, self.count + n
+        self.mean += delta * n / total
+        self.m2 += m2 + delta * delta * self.count * n / total
+        self.count = total
+
+    @property
+    def std(self) -> float:
+        """The population standard deviation of the scores seen (0 before two differ)."""
+        return math.sqrt(self.m2 / self.count) if self.count else 0.0
+
+
+def zscore(scores: Sequence[float], mean: float, std: float) -> list[float]:
+    """`(s - mean) / std` for each score; 0 for every score when `std` is 0 (nothing to
+    tell them apart by)."""
+    return [(s - mean) / std if std > 0 else 0.0 for s in scores]
+
+
+def normalized(scores: Sequence[float], how: str, moments: RunningMoments) -> list[float]:
+    """`scores` of one batch normalised as `how` says (`none`, `batch`, `running`); `running`
+    first takes the batch into `moments`."""
+    if how == "none":
+        return list(scores)
+    if how == "batch":
+        mean = sum(scores) / len(scores)
+        return zscore(scores, mean, math.sqrt(sum((s - mean) ** 2 for s in scores)
+                                              / len(scores)))
+    moments.add(scores)
+    return zscore(scores, moments.mean, moments.std)
+
+
+def _batch_key(spec: RewardModelSpec) -> tuple[Path, str, int]:
+    """What calls scored in one batch share (their weights may differ)."""
+    return spec.model, spec.normalize, spec.batch_size
+
+
+class RewardModel:
+    """One reward model folder loaded on `device`: its tokenizer and its classifier."""
+
+    def __init__(self, folder: Path, device: str = "cpu",
+                 dtype: torch.dtype | None = None) -> None:
+        import torch
+        from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+        self.tokenizer = AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
+        self.model: PreTrainedModel = AutoModelForSequenceClassification.from_pretrained(
+            str(folder), local_files_only=True,
+            dtype=dtype or (torch.bfloat16 if device.startswith("cuda") else torch.float32),
+        ).to(device)
+        self.model.eval()
+        self.device = device
+        config = self.model.config
+        # batches need a pad token both sides agree on: the tokenizer pads with it and the
+        # classifier skips it to find each row's last token
+        if self.tokenizer.pad_token_id is None and config.pad_token_id is not None:
+            self.tokenizer.pad_token_id = config.pad_token_id
+        elif config.pad_token_id is None and self.tokenizer.pad_token_id is not None:
+            config.pad_token_id = self.tokenizer.pad_token_id
+        # tokenizers without a limit say model_max_length ~1e30
+        limits = [getattr(config, "max_position_embeddings", None),
+                  self.tokenizer.model_max_length if self.tokenizer.model_max_length < 1 << 30
+                  else None]
+        self.max_length = min((n for n in limits if n), default=None)
+        """Tokens a text is cut to (None: not cut)."""
+
+    def texts(self, calls: Sequence[RewardCall]) -> list[str]:
+        """What the model reads for each call (`model_text`)."""
+        return [model_text(self.tokenizer, task, response) for task, response in calls]
+
+    def scores(self, calls: Sequence[RewardCall]) -> list[float]:
+        """The model's raw score of each call, in one batched forward."""
+        import torch
+
+        templated = bool(self.tokenizer.chat_template)
+        batch = self.tokenizer(self.texts(calls), padding=True, truncation=True,
+                               max_length=self.max_length, return_tensors="pt",
+                               add_special_tokens=not templated).to(self.device)
+        with torch.inference_mode():
+            logits = self.model(**batch).logits
+        return [float(x) for x in logits[:, 0].float().cpu()]
+
+
+class ModelScorer:
+    """Scores calls with the reward model each call's task names, in batched forwards on
+    `device` (the explorer's); models load on first use. Its scores are each model's
+    normalised outputs, unweighted (`tasks.reward_mix` weighs and sums the terms)."""
+
+    def __init__(self, device: str = "cpu", dtype: torch.dtype | None = None) -> None:
+        self.device, self.dtype = device, dtype
+        self._models: dict[Path, RewardModel | str] = {}
+        """Each folder's loaded model, or why it failed to load."""
+        self._moments: dict[Path, RunningMoments] = {}
+        self._todo: deque[tuple[Scoring, int]] = deque()
+
+    @property
+    def size(self) -> int:
+        """Reward models loaded."""
+        return sum(isinstance(m, RewardModel) for m in self._models.values())
+
+    @property
+    def busy(self) -> bool:
+        """Whether calls are queued."""
+        return bool(self._todo)
+
+    def submit(self, calls: Sequence[RewardCall]) -> Scoring:
+        """Queue `calls` (each task scored by one reward model) and return their `Scoring`
+        at once."""
+        scoring = Scoring(calls)
+        self._todo.extend((scoring, i) for i in range(len(scoring.calls)))
+        return scoring
+
+    def score(self, calls: Sequence[RewardCall]) -> list[RewardOutcome]:
+        """Each call's outcome, in the order of `calls`."""
+        scoring = self.submit(calls)
+        self.pump()
+        return scoring.result()
+
+    def pump(self, timeout: float | None = 0.0) -> None:
+        """Score every queued call, model by model in batches of up to the model's
+        `batch_size` (a forward is not interrupted: `timeout` is not waited for)."""
+        while self._todo:
+            first = self._todo[0]
+            spec = self._spec(first)
+            if spec is None:
+                continue
+            batch = [first]
+            rest: deque[tuple[Scoring, int]] = deque()
+            self._todo.popleft()
+            while self._todo:
+                item = self._todo.popleft()
+                other = self._spec(item, queued=False)
+                same = (len(batch) < spec.batch_size and other is not None
+                        and _batch_key(other) == _batch_key(spec))
+                (batch if same else rest).append(item)
+            self._todo = rest
+            self._score_batch(spec, batch)
+
+    def _spec(self, item: tuple[Scoring, int], queued: bool = True,
+              ) -> RewardModelSpec | None:
+        """The model term of a queued call; None when its task has none (that call is then
+        scored 0 with why, and taken off the queue when `queued`)."""
+        scoring, index = item
+        try:
+            return model_term(scoring.calls[index][0])
+        except ValueError as exc:
+            if queued:
+                self._todo.popleft()
+                scoring.put(index, RewardOutcome(error=f"ValueError: {exc}"[:MESSAGE_CHARS]))
+            return None
+
+    def _model(self, folder: Path) -> RewardModel | str:
+        if folder not in self._models:
+            try:
+                self._models[folder] = RewardModel(folder, self.device, self.dtype)
+            except Exception as exc:  # every call of it then fails with this reason
+                self._models[folder] = (f"reward model {folder} failed to load: "
+                                        f"{type(exc).__name__}: {exc}")[:MESSAGE_CHARS]
+        return self._models[folder]
+
+    def _score_batch(self, spec: RewardModelSpec, batch: list[tuple[Scoring, int]]) -> None:
+        model = self._model(spec.model)
+        calls = [scoring.calls[index] for scoring, index in batch]
+        try:
+            if isinstance(model, str):
+                raise RuntimeError(model)
+            raw = model.scores(calls)
+        except Exception as exc:  # the batch's calls score 0 and say why; the next go on
+            error = (str(exc) if isinstance(model, str)
+                     else f"{type(exc).__name__}: {exc}")[:MESSAGE_CHARS]
+            for scoring, index in batch:
+                scoring.put(index, RewardOutcome(error=error))
+            return
+        finite = [(item, x) for item, x in zip(batch, raw, strict=True) if math.isfinite(x)]
+        for (scoring, index), x in zip(batch, raw, strict=True):
+            if not math.isfinite(x):
+                scoring.put(index, RewardOutcome(error=f"reward model {spec.model} returned {x}"))
+        if not finite:
+            return
+        moments = self._moments.setdefault(spec.model, RunningMoments())
+        scores = normalized([x for _, x in finite], spec.normalize, moments)
+        for ((scoring, index), _), score in zip(finite, scores, strict=True):
+            scoring.put(index, RewardOutcome(score))
+
+    def close(self) -> None:
+        """Drop the loaded models."""
+        self._models.clear()
