@@ -36,3 +36,22 @@ def wordproblems(
         raise UserError(str(exc)) from None
     console.print(f"{train} training and {test} held-out word problems written to "
                   f"{paths[0]} and {paths[1]}")
+
+
+@app.command("preferences")
+def preferences(
+    out: Path = typer.Option(..., "--out", help="File to write: .jsonl, or .parquet."),
+    rows: int = typer.Option(6000, "--rows", min=1, help="Comparisons (about one in six a "
+                             "tie, which a reward-model stage skips)."),
+    seed: int = typer.Option(0, "--seed", help="Seed: the same seed writes the same file."),
+) -> None:
+    """Write generated preference data in WebGPT's comparisons layout (`question`,
+    `answer_0`, `answer_1`, `score_0`, `score_1`), scored by a hidden gold rule
+    (docs/reward-models.md), for `data: {source: file, kind: dpo, layout: webgpt}`."""
+    from rft_hpc.tasks.preferences import write_preference_file
+
+    if out.suffix not in (".jsonl", ".parquet"):
+        raise UserError(f"--out {out}: write a .jsonl or a .parquet file")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    write_preference_file(out, rows, seed=seed)
+    console.print(f"{rows} comparisons written to {out}")

@@ -331,6 +331,31 @@ def _reward_model_trains_on_pairs(config: ExperimentConfig,
                 "replica per rank)")
 
 
+def _reward_stages_come_first(config: ExperimentConfig,
+                              ) -> Iterator[tuple[tuple[Key, ...], str]]:
+    if not config.stages and config.algorithm.algorithm_type == "reward_model":
+        return  # a reward-model stage's own config: it trains, and never scores with it
+    reward = config.tasks.reward
+    terms = list(enumerate(reward)) if isinstance(reward, list) else [(None, reward)]
+    kinds = [(name, stage.algorithm.algorithm_type) for name, stage in config.stage_configs()]
+    for i, term in terms:
+        name = getattr(term, "stage", None)
+        if name is None:
+            continue
+        key = ("tasks", "reward", *(() if i is None else (i,)), "stage")
+        index = next((j for j, (n, _) in enumerate(kinds) if n == name), None)
+        if not config.stages or index is None:
+            yield key, (f"no stage named {name!r} in this run" +
+                        (f" (stages: {', '.join(n for n, _ in kinds)})" if config.stages
+                         else " (it has no stages)"))
+        elif kinds[index][1] != "reward_model":
+            yield key, f"stage {name!r} trains {kinds[index][1]}, not a reward model"
+        elif any(kind != "reward_model" for _, kind in kinds[:index]):
+            yield key, (f"stage {name!r} must come before every stage that is not a reward "
+                        "model: those score with the tasks' reward, which it does not give "
+                        "before it finishes")
+
+
 CHECKS: tuple[tuple[frozenset[str], Check], ...] = (
     (frozenset({"model"}), _model_path_exists),
     (frozenset({"model"}), _start_weights_are_published),
@@ -338,5 +363,6 @@ CHECKS: tuple[tuple[frozenset[str], Check], ...] = (
     (frozenset({"explorer", "pipeline", "stages"}), _dynamic_sampling_is_single_turn),
     (frozenset({"algorithm", "mode", "data", "model", "trainer", "stages"}),
      _reward_model_trains_on_pairs),
+    (frozenset({"tasks", "stages"}), _reward_stages_come_first),
 )
 """Checks beyond the schema, each with the top-level sections it reads."""

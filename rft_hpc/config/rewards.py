@@ -18,7 +18,7 @@ import re
 from typing import Annotated, Any, Literal
 
 from annotated_types import MinLen
-from pydantic import BeforeValidator, Discriminator, Field, Tag, field_validator
+from pydantic import BeforeValidator, Discriminator, Field, Tag, field_validator, model_validator
 
 from rft_hpc.config.paths import ConfigPath
 from rft_hpc.core.config_section import ConfigSection
@@ -75,10 +75,16 @@ class RewardModelSpec(ConfigSection):
     sequence-classification folder with one label, scoring prompt and response together in
     the explorer (docs/rewards.md)."""
 
-    model: ConfigPath
+    model: ConfigPath | None = None
     """The reward model's folder (config.json with a `...ForSequenceClassification`
     architecture and `num_labels` 1, its tokenizer, weights), read locally, never from a
-    hub. `${VAR}` and `~` are expanded."""
+    hub. `${VAR}` and `~` are expanded. Null with `stage`."""
+
+    stage: str | None = None
+    """Instead of `model`: the name of a reward-model stage of this run (`algorithm_type:
+    reward_model`); the stages after it score with its final weights, which it exports when
+    it finishes (`<its stage folder>/reward_model`, docs/reward-models.md). Only
+    reward-model stages may come before it."""
 
     normalize: Literal["none", "batch", "running"] = "none"
     """How its scores are normalised: `none` (the model's output), `batch` (z-score over
@@ -93,11 +99,18 @@ class RewardModelSpec(ConfigSection):
     """Most rollouts scored in one forward pass (the explorer scores what is queued, in
     batches of up to this many)."""
 
+    @model_validator(mode="after")
+    def _model_or_stage(self) -> RewardModelSpec:
+        if (self.model is None) == (self.stage is None):
+            raise ValueError("give a reward model as `model` (its folder) or `stage` (a "
+                             "reward-model stage of this run), one of the two")
+        return self
+
 
 def _term_kind(value: object) -> str:
     """The tag of a reward term: `model` for a reward model, `function` otherwise."""
     if isinstance(value, dict):
-        return "model" if "model" in value else "function"
+        return "model" if "model" in value or "stage" in value else "function"
     return "model" if isinstance(value, RewardModelSpec) else "function"
 
 
@@ -139,3 +152,11 @@ def reward_terms(reward: AnyRewardSpec | list[AnyRewardSpec]) -> list[AnyRewardS
 def default_reward() -> RewardSpec:
     """`exact_match`, without arguments."""
     return RewardSpec(name="exact_match")
+
+
+def _spec_from_name(value: object) -> object:
+    return RewardSpec(name=check_reward_name(value)) if isinstance(value, str) else value
+
+
+GoldReward = Annotated[RewardSpec, BeforeValidator(_spec_from_name)]
+"""A reward function alone, a name or `{name, args}` (`eval.gold`)."""

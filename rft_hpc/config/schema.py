@@ -21,6 +21,7 @@ from rft_hpc.config.offline_data import DataConfig
 from rft_hpc.config.paths import ConfigPath
 from rft_hpc.config.pipeline import PipelineConfig
 from rft_hpc.config.prompt import PromptConfig
+from rft_hpc.config.rewards import GoldReward
 from rft_hpc.config.sync import SyncConfig
 from rft_hpc.config.tasks import ArithmeticTasks, TasksConfig
 from rft_hpc.config.trainer_backend import TrainerBackendFields
@@ -269,6 +270,13 @@ class EvalConfig(ConfigSection):
     weights (version 0) and the last version; the trainer publishes these versions and keeps
     them from pruning. 0: the starting and the last weights only."""
 
+    gold: GoldReward | None = None
+    """A second reward for evaluation only (a built-in name, `package.module:function` or
+    `{name, args}`), e.g. the rule a learned reward model stands in for: each held-out
+    greedy answer is also scored by it (`eval_gold`, beside `eval_reward`, the task's own
+    reward), so that a policy that pleases its reward model without earning the gold
+    reward (reward hacking) shows. It never reaches training."""
+
     def scored_versions(self, trainer_steps: int) -> list[int]:
         """Weights versions the evaluator scores, in order (array task i scores entry i)."""
         middle = range(self.every, trainer_steps, self.every) if self.every else []
@@ -308,6 +316,26 @@ class StageConfig(ConfigSection):
 
     pipeline: PipelineConfig | None = None
     """Data-pipeline settings that differ from the base config's (only the keys given)."""
+
+
+REWARD_MODEL_FOLDER = "reward_model"
+"""Where a finished reward-model stage exports its final weights, in its stage folder (the
+model of the rewards that name the stage)."""
+
+
+def _resolved_rewards(tasks: dict[str, Any], exported: dict[str, Path]) -> dict[str, Any]:
+    """`tasks` (dumped) with each reward term that names a stage of `exported` given that
+    stage's exported folder as its `model`; terms naming later stages are left as they are."""
+    reward = tasks.get("reward")
+    terms = reward if isinstance(reward, list) else [reward]
+
+    def resolved(term: Any) -> Any:
+        if isinstance(term, dict) and term.get("stage") in exported:
+            return {**term, "model": str(exported[term["stage"]]), "stage": None}
+        return term
+
+    new = [resolved(t) for t in terms]
+    return {**tasks, "reward": new if isinstance(reward, list) else new[0]}
 
 
 class ExperimentConfig(ConfigSection):
@@ -380,8 +408,9 @@ class ExperimentConfig(ConfigSection):
             return [("main", self)]
         base = self.model_dump(exclude={"stages"})
         out = []
-        for stage in self.stages:
-            merged = dict(base, stages=[])
+        before: dict[str, Path] = {}  # reward-model exports of the stages before this one
+        for index, stage in enumerate(self.stages):
+            merged = dict(base, stages=[], tasks=_resolved_rewards(base["tasks"], before))
             for section in ("trainer", "algorithm", "explorer", "buffer", "sync", "eval",
                             "pipeline"):
                 given = getattr(stage, section)
@@ -394,6 +423,8 @@ class ExperimentConfig(ConfigSection):
             if stage.data is not None:
                 merged["data"] = stage.data.model_dump()
             out.append((stage.name, ExperimentConfig.model_validate(merged)))
+            before[stage.name] = (self.run.root.resolve() / self.run.name / "stages"
+                                  / f"{index}-{stage.name}" / REWARD_MODEL_FOLDER)
         return out
 
     @model_validator(mode="before")

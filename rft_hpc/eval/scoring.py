@@ -13,13 +13,16 @@ from n >= k samples of which c are correct, 1 - C(n-c, k) / C(n, k), averaged ov
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 from math import comb
 from typing import Any
 
+from rft_hpc.config.rewards import RewardSpec
 from rft_hpc.config.schema import EvalConfig
 from rft_hpc.engines.protocol import InferenceEngine
 from rft_hpc.tasks.model_reward import ModelScorer, engine_device
 from rft_hpc.tasks.reward_mix import score_in_process
+from rft_hpc.tasks.rewards import call_reward
 from rft_hpc.tasks.task import Task
 
 CORRECT = 1.0
@@ -59,12 +62,14 @@ def summarize(greedy: Sequence[float], samples: Sequence[Sequence[float]], k: in
 
 def score_tasks(engine: InferenceEngine, tasks: Sequence[Task], *, k: int, n: int,
                 temperature: float, max_new_tokens: int, batch_size: int, seed: int,
-                answers: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+                answers: list[dict[str, Any]] | None = None,
+                gold: RewardSpec | None = None) -> dict[str, Any]:
     """Greedy answers and `n` samples at `temperature` of every task (k = n = 0: greedy
     only), prompts in the engine's prompt format, scored by each task's own reward (a
     reward model's raw score; `reward_errors`: calls that raised, scored 0); `summarize`d.
-    Each task's greedy answer is appended to `answers` when given, in task order, as
-    `{"task_id", "answer", "reward"}`."""
+    With `gold`, each greedy answer is also scored by that reward function (`greedy_gold`,
+    the mean; `gold_errors`). Each task's greedy answer is appended to `answers` when
+    given, in task order, as `{"task_id", "answer", "reward"}` (and `"gold"`)."""
     if n < k:
         raise ValueError(f"pass@{k} needs at least {k} samples per task, not {n}")
     greedy: list[float] = []
@@ -80,6 +85,18 @@ def score_tasks(engine: InferenceEngine, tasks: Sequence[Task], *, k: int, n: in
             errors[0] += 1
             return 0.0
 
+    golds: list[float] = []
+    gold_errors = [0]
+
+    def gold_score(task: Task, text: str) -> float:
+        assert gold is not None
+        try:
+            return call_reward(replace(task, reward=gold.name, reward_args=dict(gold.args),
+                                       reward_terms=()), text)
+        except Exception:  # as the task's reward: a failing call scores 0 and is counted
+            gold_errors[0] += 1
+            return 0.0
+
     per_batch = max(1, batch_size // max(n, 1))
     for i in range(0, len(tasks), per_batch):
         chunk = tasks[i:i + per_batch]
@@ -90,12 +107,18 @@ def score_tasks(engine: InferenceEngine, tasks: Sequence[Task], *, k: int, n: in
                                 temperature=temperature, seed=seed + i) if n else best
         for task, one, group in zip(chunk, best, drawn, strict=True):
             greedy.append(score(task, one[0].text))
+            row = {"task_id": task.task_id, "answer": one[0].text, "reward": greedy[-1]}
+            if gold is not None:
+                golds.append(gold_score(task, one[0].text))
+                row["gold"] = golds[-1]
             if answers is not None:
-                answers.append({"task_id": task.task_id, "answer": one[0].text,
-                                "reward": greedy[-1]})
+                answers.append(row)
             if n:
                 samples.append([score(task, c.text) for c in group])
-    return {**summarize(greedy, samples, k), "reward_errors": errors[0]}
+    out = {**summarize(greedy, samples, k), "reward_errors": errors[0]}
+    if gold is not None:
+        out.update(greedy_gold=sum(golds) / len(golds), gold_errors=gold_errors[0])
+    return out
 
 
 def heldout_scores(engine: InferenceEngine, tasks: Sequence[Task], settings: EvalConfig, *,
@@ -104,15 +127,19 @@ def heldout_scores(engine: InferenceEngine, tasks: Sequence[Task], settings: Eva
     """`score_tasks` with the eval settings, as the trainer's metrics: `eval_accuracy`
     (greedy answers whose task reward is at least 1), `eval_reward` (their mean reward) and,
     with `settings.k` samples per task at `temperature`, `eval_mean@k` and `eval_pass@k`;
-    `eval_reward_errors` counts reward calls that raised. Every value is NaN for no tasks.
-    Each task's greedy answer and its reward go into `answers` when given."""
+    `eval_reward_errors` counts reward calls that raised; with `settings.gold`, `eval_gold`
+    (the greedy answers' mean gold reward) and `eval_gold_errors`. Every value is NaN for
+    no tasks. Each task's greedy answer and its rewards go into `answers` when given."""
     keys = ["accuracy", "reward", "reward_errors"]
     keys += [f"mean@{settings.k}", f"pass@{settings.k}"] if settings.k else []
+    keys += ["gold", "gold_errors"] if settings.gold is not None else []
     if not tasks:
         return {f"eval_{key}": float("nan") for key in keys}
     scores = score_tasks(engine, tasks, k=settings.k, n=settings.k,
                          temperature=temperature or 1.0,
                          max_new_tokens=settings.max_new_tokens,
-                         batch_size=settings.batch_size, seed=seed, answers=answers)
-    scores.update(accuracy=scores["greedy_accuracy"], reward=scores["greedy_reward"])
+                         batch_size=settings.batch_size, seed=seed, answers=answers,
+                         gold=settings.gold)
+    scores.update(accuracy=scores["greedy_accuracy"], reward=scores["greedy_reward"],
+                  gold=scores.get("greedy_gold"))
     return {f"eval_{key}": float(scores[key]) for key in keys}

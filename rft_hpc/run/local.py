@@ -31,6 +31,7 @@ from rft_hpc.run.stages import (
     open_run,
     prepare_stage,
     stage_result,
+    start_weights,
 )
 from rft_hpc.run.summary import write_report, write_summary
 from rft_hpc.runtime.command import role_command, role_env
@@ -201,14 +202,13 @@ def run_local(config_path: Path, overrides: list[str] | None = None, *,
 
 def _run_stages(config: ExperimentConfig, run: RunDir, record: ProcessRecord,
                 live: bool | None) -> RunResult:
-    start_weights: Path | None = None
-    results = []
+    results: list[dict] = []
     t_run = time.monotonic()
     for index, (name, stage) in enumerate(config.stage_configs()):
         folder = run.stage(index, name).root
         done = stage_result(RunDir(folder))
         if done is None:
-            stage_run = prepare_stage(stage, folder, start_weights)
+            stage_run = prepare_stage(stage, folder, start_weights(results))
             display = Display(stage, stage_run, f"stage {index}: {name}", live=live)
             clock = stage_run.launcher_clock
             spent = read_json(clock)["seconds"] if clock.exists() else 0.0
@@ -224,7 +224,6 @@ def _run_stages(config: ExperimentConfig, run: RunDir, record: ProcessRecord,
             _evaluate(stage, RunDir(folder), f"stage {index}: {name}, evaluator", live,
                       record)
         results.append(done)
-        start_weights = Path(done["weights"]) if done["weights"] else start_weights
     summary = write_summary(run, results, wall_seconds=time.monotonic() - t_run)
     write_report(run, results)
     return RunResult(run.root, summary)

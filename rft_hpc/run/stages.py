@@ -20,6 +20,7 @@ from rft_hpc.buffer.jsonl import read_jsonl_records, write_new_writer
 from rft_hpc.buffer.offline import example_records, task_records
 from rft_hpc.config import ExperimentConfig, load_config
 from rft_hpc.config.launch import LaunchConfig
+from rft_hpc.config.schema import REWARD_MODEL_FOLDER
 from rft_hpc.config.workflow import MultiTurnWorkflow
 from rft_hpc.core.errors import UserError
 from rft_hpc.core.rundir import RunDir, atomic_write_json, atomic_write_text, read_json
@@ -229,8 +230,8 @@ def finish_stage(config: ExperimentConfig, run: RunDir, name: str, seconds: floa
     if config.mode in ("both", "train") and trainer.get("status") != "done":
         raise UserError(f"stage {name}: the trainer stopped before its last step; run the same "
                         "command again to resume")
-    evals = [r["eval_accuracy"] for r in read_metrics(run.metrics_file("trainer"))
-             if r.get("eval_accuracy") is not None]
+    rows = read_metrics(run.metrics_file("trainer"))
+    evals = [r["eval_accuracy"] for r in rows if r.get("eval_accuracy") is not None]
     explorer_steps = sum(read_json(p).get("step", 0) for p in run.state.glob("explorer-*.json"))
     version = trainer.get("final_version")
     result = {"name": name, "mode": config.mode, "seconds": seconds,
@@ -238,6 +239,12 @@ def finish_stage(config: ExperimentConfig, run: RunDir, name: str, seconds: floa
               "eval_initial": evals[0] if evals else None,
               "eval_final": evals[-1] if evals else None,
               "weights": str(run.weights_version(version)) if version is not None else None}
+    for key in ("eval_reward", "eval_gold"):  # with a gold reward: both, so hacking shows
+        series = [r[key] for r in rows if r.get(key) is not None]
+        if series and config.eval.gold is not None:
+            result.update({f"{key}_initial": series[0], f"{key}_final": series[-1]})
+    if config.algorithm.algorithm_type == "reward_model" and version is not None:
+        result["reward_model"] = str(_export_reward_model(run))
     if config.mode == "bench":
         result["bench"] = str(run.bench / RESULTS_FILE)
     atomic_write_json(run.stage_result, result)
@@ -258,8 +265,21 @@ def finished_stages(config: ExperimentConfig, run: RunDir, count: int,
 
 
 def start_weights(results: list[dict]) -> Path | None:
-    """The weights the stage after `results` starts from: the last ones a stage published."""
-    return next((Path(r["weights"]) for r in reversed(results) if r["weights"]), None)
+    """The weights the stage after `results` starts from: the last ones a policy stage
+    published (a reward-model stage's are its reward model's, not the policy's)."""
+    return next((Path(r["weights"]) for r in reversed(results)
+                 if r["weights"] and not r.get("reward_model")), None)
+
+
+def _export_reward_model(run: RunDir) -> Path:
+    """A reward-model stage's final weights as a sequence-classification folder (once),
+    for later stages' rewards and for transformers."""
+    from rft_hpc.sync.export import export_model
+
+    out = run.root / REWARD_MODEL_FOLDER
+    if not (out / "config.json").exists():
+        export_model(run.root, out)
+    return out
 
 
 def prepare_next_stage(run: RunDir, index: int, seconds: StageSeconds) -> RunDir:

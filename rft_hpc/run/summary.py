@@ -44,6 +44,10 @@ def write_summary(run: RunDir, stages: list[dict[str, Any]], *,
                       for index, s in enumerate(stages)
                       for r in evaluation_results(run.stage(index, s["name"]))],
     }
+    if "eval_gold_final" in stages[-1]:  # the trained reward and the gold one, side by side
+        summary["eval"].update({f"{when}_{what}": stage.get(f"eval_{what}_{when}")
+                                for what in ("reward", "gold")
+                                for when, stage in (("initial", rl), ("final", stages[-1]))})
     atomic_write_json(run.summary, summary)
     return summary
 
@@ -69,7 +73,8 @@ def write_report(run: RunDir, stages: list[dict[str, Any]]) -> Path:
     import matplotlib.pyplot as plt
 
     series: dict[str, list[tuple[str, list[tuple[int, float]]]]] = {
-        "reward_mean": [], "eval_accuracy": [], _MISMATCH: [], _STALENESS: []}
+        "reward_mean": [], "eval_accuracy": [], _MISMATCH: [], _STALENESS: [],
+        "eval_reward": [], "eval_gold": []}
     offset, boundaries = 0, []
     for index, stage in enumerate(stages):
         trainer = read_metrics(run.stage(index, stage["name"]).metrics_file("trainer"))
@@ -82,7 +87,8 @@ def write_report(run: RunDir, stages: list[dict[str, Any]]) -> Path:
             boundaries.append(offset)
     off_policy = bool(series[_MISMATCH] or series[_STALENESS])
     tools = _tool_rates(run, stages)
-    panels = 2 + off_policy + bool(tools)
+    gold = bool(series["eval_gold"])
+    panels = 2 + off_policy + bool(tools) + gold
     fig, axes = plt.subplots(1, panels, figsize=(11 + 5 * (panels - 2), 4))
     ax_r, ax_e = axes[0], axes[1]
     for name, points in series["reward_mean"]:
@@ -96,7 +102,9 @@ def write_report(run: RunDir, stages: list[dict[str, Any]]) -> Path:
     if off_policy:
         _plot_off_policy(axes[2], series[_MISMATCH], series[_STALENESS])
     if tools:
-        _plot_tools(axes[-1], tools)
+        _plot_tools(axes[2 + off_policy], tools)
+    if gold:
+        _plot_gold(axes[-1], series["eval_reward"], series["eval_gold"], boundaries)
     for ax in axes[:2 + off_policy]:  # trainer steps: the stage boundaries
         for x in boundaries:
             ax.axvline(x, color="grey", linestyle=":")
@@ -164,5 +172,21 @@ def _plot_tools(ax: Axes, rates: dict[str, list[tuple[int, float]]]) -> None:
         ax.plot(*zip(*points, strict=True), marker=".", label=_TOOL_RATES[key])
     ax.set(title="tool calls", xlabel="explorer step (all stages)", ylabel="share of calls",
            ylim=(0, 1))
+    ax.grid(alpha=0.3)
+    ax.legend(loc="best", fontsize="small")
+
+
+def _plot_gold(ax: Axes, reward: list[tuple[str, list[tuple[int, float]]]],
+               gold: list[tuple[str, list[tuple[int, float]]]], boundaries: list[int]) -> None:
+    """The held-out greedy answers' mean task reward (what training optimises, e.g. a
+    reward model's score) and mean gold reward (`eval.gold`), against the trainer step: a
+    reward that rises while the gold one does not is reward hacking."""
+    for label, lines, style in (("trained reward", reward, "-"), ("gold", gold, "--")):
+        for name, points in lines:
+            ax.plot(*zip(*points, strict=True), style, marker="o", label=f"{label} ({name})")
+    for x in boundaries:
+        ax.axvline(x, color="grey", linestyle=":")
+    ax.set(title="held-out reward: trained and gold", xlabel="trainer step (all stages)",
+           ylabel="mean reward of greedy answers")
     ax.grid(alpha=0.3)
     ax.legend(loc="best", fontsize="small")

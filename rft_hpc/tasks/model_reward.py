@@ -4,9 +4,9 @@ scores prompt and response together, in batches, on the explorer's own device.
 `ModelScorer` is a reward `Scorer` (`explorer.protocols`): `submit` queues calls, `pump`
 scores what is queued, one batched forward per reward model and up to its `batch_size`
 calls at a time. Each call's task names its model (`reward_terms.model_term`). The text a
-model reads is the conversation rendered in the model tokenizer's own chat template when it
-has one (the task's prompt as a user message, or its chat messages, then the response as
-the assistant's message), else the raw prompt followed by the response; batches are padded
+model reads is `model_text`: with the model tokenizer's own chat template, the prompt with
+the generation prompt, the response and the end-of-turn token (the sequence a reward-model
+stage trains on), else the raw prompt followed by the response; batches are padded
 on the tokenizer's padding side (a reward model's folder says which side it expects) and
 cut at the model's maximum positions. A sequence classifier reads its score at the last
 token that is not padding, whichever side is padded.
@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from rft_hpc.config.rewards import RewardModelSpec
+from rft_hpc.tasks.prompts import end_of_turn_id
 from rft_hpc.tasks.reward_pool import MESSAGE_CHARS, RewardCall, RewardOutcome, Scoring
 from rft_hpc.tasks.reward_terms import model_term
 from rft_hpc.tasks.task import Task
@@ -45,21 +46,25 @@ def engine_device() -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
-def conversation(task: Task, response: str) -> list[dict[str, str]]:
-    """The messages a reward model's chat template renders: the task's chat messages, or its
-    prompt as one user message, then `response` as the assistant's."""
-    prompt = ([dict(m) for m in task.messages] if task.messages is not None
-              else [{"role": "user", "content": task.prompt}])
-    return [*prompt, {"role": "assistant", "content": response}]
+def prompt_messages(task: Task) -> list[dict[str, str]]:
+    """The messages before the response: the task's chat messages, or its prompt as one
+    user message."""
+    return ([dict(m) for m in task.messages] if task.messages is not None
+            else [{"role": "user", "content": task.prompt}])
 
 
 def model_text(tokenizer: PreTrainedTokenizerBase, task: Task, response: str) -> str:
-    """What the reward model reads for one call: the conversation in the tokenizer's chat
-    template when it has one, else the prompt text followed by the response."""
+    """What the reward model reads for one call. With a chat template: the prompt rendered
+    with the template's generation prompt (as the policy reads it), the response, then the
+    template's end-of-turn token: the sequence a reward-model stage trains on (its pairs'
+    prompt, response and stop token), so the score is read where it was trained. Else the
+    prompt text followed by the response."""
     if tokenizer.chat_template:
-        text = tokenizer.apply_chat_template(conversation(task, response), tokenize=False)
+        text = tokenizer.apply_chat_template(prompt_messages(task), tokenize=False,
+                                             add_generation_prompt=True)
         assert isinstance(text, str)
-        return text
+        eot = end_of_turn_id(tokenizer)
+        return text + response + (tokenizer.decode([eot]) if eot is not None else "")
     prompt = (task.prompt if task.messages is None
               else "\n".join(m["content"] for m in task.messages))
     return prompt + response
@@ -230,7 +235,9 @@ class ModelScorer:
                 scoring.put(index, RewardOutcome(error=f"ValueError: {exc}"[:MESSAGE_CHARS]))
             return None
 
-    def _model(self, folder: Path) -> RewardModel | str:
+    def _model(self, folder: Path | None) -> RewardModel | str:
+        if folder is None:  # config.schema resolves stage references for later stages only
+            return "a reward model named by its stage is scored by the stages after it only"
         if folder not in self._models:
             try:
                 self._models[folder] = RewardModel(folder, self.device, self.dtype)

@@ -84,6 +84,8 @@ def _term_problems(keys: tuple[Key, ...], term: AnyRewardSpec,
                    ) -> Iterator[tuple[tuple[Key, ...], str]]:
     """(key path, problem) of one reward term at `keys`."""
     if isinstance(term, RewardModelSpec):
+        if term.model is None:  # a stage's, made by the run (config.loader checks the name)
+            return
         found_model = model_problem(term.model)
         if found_model:
             yield (*keys, "model"), found_model
@@ -121,6 +123,21 @@ def reward_problems(config: ExperimentConfig) -> Iterator[tuple[tuple[Key, ...],
             if found:
                 yield (*keys, "path"), f"task {task.task_id} names a reward that fails: " \
                                        f"{found[1]}"
+
+
+def gold_problems(config: ExperimentConfig) -> Iterator[tuple[tuple[Key, ...], str]]:
+    """(key path, problem) for each `eval.gold` reward that cannot be imported or called
+    with its arguments (a check for `load_config`)."""
+    seen = set()
+    for index, (_, stage) in enumerate(config.stage_configs()):
+        gold = stage.eval.gold
+        if gold is None or (gold.name, repr(gold.args)) in seen:
+            continue
+        seen.add((gold.name, repr(gold.args)))
+        found = reward_problem(gold.name, gold.args)
+        if found:
+            where: tuple[Key, ...] = ("stages", index) if config.stages else ()
+            yield (*where, "eval", "gold"), found[1]
 
 
 def _workflow_problems(config: ExperimentConfig, keys: tuple[Key, ...],

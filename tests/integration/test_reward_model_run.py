@@ -53,9 +53,10 @@ def model_scores(folder, pairs):
                                                                local_files_only=True)
     out = []
     for prompt, response in pairs:
-        text = tokenizer.apply_chat_template([{"role": "user", "content": prompt},
-                                              {"role": "assistant", "content": response}],
-                                             tokenize=False)
+        # the prompt as the policy reads it, the response, the end-of-turn token
+        text = tokenizer.apply_chat_template([{"role": "user", "content": prompt}],
+                                             tokenize=False, add_generation_prompt=True) \
+            + response + "<|im_end|>"
         with torch.inference_mode():
             out.append(float(model(**tokenizer(text, return_tensors="pt",
                                                add_special_tokens=False)).logits[0, 0]))

@@ -49,9 +49,10 @@ def direct_scores(folder, calls):
     out = []
     for task, response in calls:
         if tokenizer.chat_template:
+            # the prompt as the policy reads it, the response, the end-of-turn token
             text = tokenizer.apply_chat_template(
-                [{"role": "user", "content": task.prompt},
-                 {"role": "assistant", "content": response}], tokenize=False)
+                [{"role": "user", "content": task.prompt}], tokenize=False,
+                add_generation_prompt=True) + response + "<|im_end|>"
             ids = tokenizer(text, return_tensors="pt", add_special_tokens=False)
         else:
             ids = tokenizer(task.prompt + response, return_tensors="pt")

@@ -57,8 +57,9 @@ def test_a_model_and_a_weighted_list_become_the_tasks_terms(tmp_path, rm):
     task = build_tasks(cfg.tasks, 0)[0][0]
     assert task.reward_terms == terms
     assert task.reward == f"0.5*exact_match + exact_match + 2*model:{rm}"
-    assert task.to_json()["reward_terms"][2] == {"model": str(rm), "normalize": "none",
-                                                 "weight": 2.0, "batch_size": 32}
+    assert task.to_json()["reward_terms"][2] == {"model": str(rm), "stage": None,
+                                                 "normalize": "none", "weight": 2.0,
+                                                 "batch_size": 32}
 
 
 def test_a_weighted_function_sum_is_called_in_process_and_a_model_is_not(rm):
