@@ -15,6 +15,7 @@ starts, by `rft_hpc.tasks.reward_check` (imports have no place in the config lay
 from __future__ import annotations
 
 import re
+from pathlib import Path
 from typing import Annotated, Any, Literal
 
 from annotated_types import MinLen
@@ -160,3 +161,23 @@ def _spec_from_name(value: object) -> object:
 
 GoldReward = Annotated[RewardSpec, BeforeValidator(_spec_from_name)]
 """A reward function alone, a name or `{name, args}` (`eval.gold`)."""
+
+
+REWARD_MODEL_FOLDER = "reward_model"
+"""Where a finished reward-model stage exports its final weights, in its stage folder (the
+model of the rewards that name the stage)."""
+
+
+def resolved_rewards(tasks: dict[str, Any], exported: dict[str, Path]) -> dict[str, Any]:
+    """`tasks` (dumped) with each reward term that names a stage of `exported` given that
+    stage's exported folder as its `model`; terms naming later stages are left as they are."""
+    reward = tasks.get("reward")
+    terms = reward if isinstance(reward, list) else [reward]
+
+    def resolved(term: Any) -> Any:
+        if isinstance(term, dict) and term.get("stage") in exported:
+            return {**term, "model": str(exported[term["stage"]]), "stage": None}
+        return term
+
+    new = [resolved(t) for t in terms]
+    return {**tasks, "reward": new if isinstance(reward, list) else new[0]}

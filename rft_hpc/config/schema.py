@@ -21,7 +21,7 @@ from rft_hpc.config.offline_data import DataConfig
 from rft_hpc.config.paths import ConfigPath
 from rft_hpc.config.pipeline import PipelineConfig
 from rft_hpc.config.prompt import PromptConfig
-from rft_hpc.config.rewards import GoldReward
+from rft_hpc.config.rewards import REWARD_MODEL_FOLDER, GoldReward, resolved_rewards
 from rft_hpc.config.sync import SyncConfig
 from rft_hpc.config.tasks import ArithmeticTasks, TasksConfig
 from rft_hpc.config.trainer_backend import TrainerBackendFields
@@ -318,26 +318,6 @@ class StageConfig(ConfigSection):
     """Data-pipeline settings that differ from the base config's (only the keys given)."""
 
 
-REWARD_MODEL_FOLDER = "reward_model"
-"""Where a finished reward-model stage exports its final weights, in its stage folder (the
-model of the rewards that name the stage)."""
-
-
-def _resolved_rewards(tasks: dict[str, Any], exported: dict[str, Path]) -> dict[str, Any]:
-    """`tasks` (dumped) with each reward term that names a stage of `exported` given that
-    stage's exported folder as its `model`; terms naming later stages are left as they are."""
-    reward = tasks.get("reward")
-    terms = reward if isinstance(reward, list) else [reward]
-
-    def resolved(term: Any) -> Any:
-        if isinstance(term, dict) and term.get("stage") in exported:
-            return {**term, "model": str(exported[term["stage"]]), "stage": None}
-        return term
-
-    new = [resolved(t) for t in terms]
-    return {**tasks, "reward": new if isinstance(reward, list) else new[0]}
-
-
 class ExperimentConfig(ConfigSection):
     """One RFT experiment: the whole content of a config file."""
 
@@ -410,7 +390,7 @@ class ExperimentConfig(ConfigSection):
         out = []
         before: dict[str, Path] = {}  # reward-model exports of the stages before this one
         for index, stage in enumerate(self.stages):
-            merged = dict(base, stages=[], tasks=_resolved_rewards(base["tasks"], before))
+            merged = dict(base, stages=[], tasks=resolved_rewards(base["tasks"], before))
             for section in ("trainer", "algorithm", "explorer", "buffer", "sync", "eval",
                             "pipeline"):
                 given = getattr(stage, section)
