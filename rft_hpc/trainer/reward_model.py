@@ -92,7 +92,8 @@ class RewardModelTrainer:
             mine = scatter_objects([(s, len(pairs)) for s in shards], self.dist)
         else:
             mine = scatter_objects(None, self.dist)
-        shard, total = mine
+        shard, pairs_in_batch = mine
+        total = max(pairs_in_batch, 1)  # an empty batch steps nothing and logs zeros
         self.optimizer.zero_grad(set_to_none=True)
         part = {"loss": 0.0, "correct": 0.0, "reward_gap": 0.0, "tokens": 0.0}
         if shard:
@@ -104,7 +105,7 @@ class RewardModelTrainer:
         merged = {k: sum(m[k] for m in all_gather_objects(part, self.dist)) for k in part}
         all_reduce_gradients(self.model.parameters(), self.dist)
         values = {"loss": merged["loss"] / total, "accuracy": merged["correct"] / total,
-                  "reward_gap": merged["reward_gap"] / total, "pairs": float(total),
+                  "reward_gap": merged["reward_gap"] / total, "pairs": float(pairs_in_batch),
                   "tokens": merged["tokens"], "stale_dropped": 0}
         cfg = self.config.trainer
         if cfg.grad_clip > 0:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import random
+import sys
 from pathlib import Path
 
 import pytest
@@ -111,3 +112,60 @@ def test_the_exported_reward_model_loads_in_transformers_and_scores_the_same(rm_
                                  (pair.rejected_tokens, answer["rejected"])):
                 got = model(input_ids=torch.as_tensor([tokens.tolist()])).logits[0, 0]
                 assert abs(float(got) - want) < 1e-5
+
+
+def _rank_step(config_path: str, out: str) -> None:
+    """One rank of `test_one_step_on_two_ranks_equals_one_process` (run as a script)."""
+    import numpy as np
+
+    from rft_hpc.buffer.reader import Batch
+    from rft_hpc.buffer.records import DPOPair
+    from rft_hpc.config import load_config
+    from rft_hpc.trainer.distributed import init_distributed, shutdown
+    from rft_hpc.trainer.reward_model import RewardModelTrainer
+
+    torch.set_num_threads(1)
+    ctx = init_distributed()
+    trainer = RewardModelTrainer(load_config(Path(config_path)), ctx)
+    torch.manual_seed(0)  # a head that is not zero: every parameter gets a gradient
+    torch.nn.init.normal_(trainer.model.score.weight, std=0.1)
+    rng = np.random.default_rng(0)
+    pairs = [DPOPair(rng.integers(3, 200, int(rng.integers(6, 12))),
+                     rng.integers(3, 200, int(rng.integers(6, 12))), prompt_length=3,
+                     info={"margin": 0.5} if i % 2 else {}) for i in range(5)]
+    values = trainer.step(Batch(records=pairs) if ctx.is_main else None)
+    torch.save({"params": {k: p.detach().clone() for k, p in trainer.model.named_parameters()},
+                "grads": {k: p.grad.clone() for k, p in trainer.model.named_parameters()},
+                "values": values}, Path(out) / f"rank{ctx.rank}-of-{ctx.world_size}.pt")
+    shutdown()
+
+
+@pytest.mark.timeout(300)
+def test_one_step_on_two_ranks_equals_one_process(tmp_path):
+    """The pairs of a batch split over two ranks (one of them with a pair fewer) train the
+    reward model as one process does: the same weights after the step, the same metrics."""
+    from helpers.ranks import finish, start_ranks, write_config
+
+    model = init_tiny_model(tmp_path / "m", TinyModelSpec(arch="qwen2", num_layers=1))
+    config = write_config(tmp_path / "rm.yaml", model, mode="train",
+                          algorithm={"algorithm_type": "reward_model"},
+                          data={"source": "tasks", "kind": "dpo"},
+                          trainer={"lr": 1e-3, "batch_size": 5, "grad_clip": 1.0})
+    args = [sys.executable, __file__, "step", str(config), str(tmp_path)]
+    results = finish(start_ranks(args, 1, None) + start_ranks(args, 2, tmp_path / "rdzv"))
+    assert all(rc == 0 for rc, _ in results), [err[-2000:] for _, err in results]
+    one = torch.load(tmp_path / "rank0-of-1.pt")
+    two = [torch.load(tmp_path / f"rank{r}-of-2.pt") for r in range(2)]
+    assert all(torch.equal(two[0]["params"][k], two[1]["params"][k]) for k in one["params"])
+    for k, g in one["grads"].items():  # the summed gradient is the whole batch's (clipped)
+        assert float((two[0]["grads"][k] - g).abs().max()) <= 2e-6 * float(g.abs().max()), k
+        clear = g.abs() >= 1e-6  # AdamW's first step: lr * g / |g| where g is not noise
+        torch.testing.assert_close(two[0]["params"][k][clear], one["params"][k][clear],
+                                   rtol=1e-6, atol=1e-7, msg=k)
+    assert one["values"]["pairs"] == two[0]["values"]["pairs"] == 5
+    for key in ("loss", "accuracy", "reward_gap"):
+        assert two[0]["values"][key] == pytest.approx(one["values"][key], rel=1e-5)
+
+
+if __name__ == "__main__" and sys.argv[1] == "step":
+    _rank_step(*sys.argv[2:])
