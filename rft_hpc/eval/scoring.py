@@ -13,7 +13,6 @@ from n >= k samples of which c are correct, 1 - C(n-c, k) / C(n, k), averaged ov
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import replace
 from math import comb
 from typing import Any
 
@@ -22,6 +21,7 @@ from rft_hpc.config.schema import EvalConfig
 from rft_hpc.engines.protocol import InferenceEngine
 from rft_hpc.tasks.model_reward import ModelScorer, engine_device
 from rft_hpc.tasks.reward_mix import score_in_process
+from rft_hpc.tasks.reward_terms import term_task
 from rft_hpc.tasks.rewards import call_reward
 from rft_hpc.tasks.task import Task
 
@@ -91,8 +91,7 @@ def score_tasks(engine: InferenceEngine, tasks: Sequence[Task], *, k: int, n: in
     def gold_score(task: Task, text: str) -> float:
         assert gold is not None
         try:
-            return call_reward(replace(task, reward=gold.name, reward_args=dict(gold.args),
-                                       reward_terms=()), text)
+            return call_reward(term_task(task, gold), text)
         except Exception:  # as the task's reward: a failing call scores 0 and is counted
             gold_errors[0] += 1
             return 0.0

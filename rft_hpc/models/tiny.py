@@ -125,6 +125,17 @@ def _init_char_llama(out: Path, spec: TinyModelSpec) -> Path:
     return out
 
 
+def init_chat_tokenizer(out: Path, spec: TinyModelSpec, corpus: Iterable[str] = ()) -> Path:
+    """Write the tokenizer of the chat model `spec` builds (its family's special tokens
+    and chat template; with `merges`, learned from `corpus`) to `out`, and no model."""
+    family = FAMILIES[spec.arch]
+    merges = learn_merges(_without(corpus, family.special + family.plain), spec.merges) \
+        if spec.merges else []
+    return build_byte_tokenizer(out, special=family.special, plain=family.plain,
+                                bos=family.bos, eos=family.eos, pad=family.pad,
+                                chat_template=family.template, merges=merges)
+
+
 def _init_chat_model(out: Path, spec: TinyModelSpec, family: ChatFamily,
                      corpus: Iterable[str]) -> Path:
     import torch
@@ -134,11 +145,7 @@ def _init_chat_model(out: Path, spec: TinyModelSpec, family: ChatFamily,
     hf_logging.disable_progress_bar()
     if spec.num_heads % spec.num_kv_heads:
         raise ValueError(f"{spec.num_heads} heads do not split into {spec.num_kv_heads} groups")
-    merges = learn_merges(_without(corpus, family.special + family.plain), spec.merges) \
-        if spec.merges else []
-    build_byte_tokenizer(out, special=family.special, plain=family.plain, bos=family.bos,
-                         eos=family.eos, pad=family.pad, chat_template=family.template,
-                         merges=merges)
+    init_chat_tokenizer(out, spec, corpus)
     vocab = AutoTokenizer.from_pretrained(str(out), local_files_only=True).get_vocab()
     config = family.config(
         vocab, hidden_size=spec.hidden_size, intermediate_size=spec.intermediate_size,

@@ -16,7 +16,7 @@ from pathlib import Path
 from rft_hpc.config import ExperimentConfig
 from rft_hpc.config.workflow import MultiTurnWorkflow
 from rft_hpc.envs.tool_demos import tool_demonstrations
-from rft_hpc.models.tiny import INIT_KINDS, TinyModelSpec, init_tiny_model
+from rft_hpc.models.tiny import INIT_KINDS, TinyModelSpec, init_chat_tokenizer, init_tiny_model
 from rft_hpc.tasks.prompts import prompt_text
 from rft_hpc.tasks.source import build_tasks
 
@@ -40,11 +40,11 @@ def vocab_corpus(config: ExperimentConfig, spec: TinyModelSpec) -> list[str]:
     """The texts that `spec`'s merges are learned from: the first `CORPUS_TASKS` training
     tasks of `config`, each rendered as the model reads it (with `prompt.tools` and a
     multi-turn workflow, its demonstration of tool use; else its prompt and answer), by a
-    one-token-per-byte tokenizer of the same family."""
+    one-token-per-byte tokenizer of the same family (built alone: no model)."""
     with tempfile.TemporaryDirectory() as tmp:
         from transformers import AutoTokenizer
 
-        init_tiny_model(tmp, replace(spec, merges=0, num_layers=1))
+        init_chat_tokenizer(Path(tmp), replace(spec, merges=0))
         tokenizer = AutoTokenizer.from_pretrained(tmp, local_files_only=True)
     train, _ = build_tasks(config.tasks, config.run.seed)
     train = train[:CORPUS_TASKS]

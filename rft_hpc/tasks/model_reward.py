@@ -53,21 +53,29 @@ def prompt_messages(task: Task) -> list[dict[str, str]]:
             else [{"role": "user", "content": task.prompt}])
 
 
-def model_text(tokenizer: PreTrainedTokenizerBase, task: Task, response: str) -> str:
+def model_text(tokenizer: PreTrainedTokenizerBase, task: Task, response: str,
+               end_of_turn: str | None = None) -> str:
     """What the reward model reads for one call. With a chat template: the prompt rendered
     with the template's generation prompt (as the policy reads it), the response, then the
     template's end-of-turn token: the sequence a reward-model stage trains on (its pairs'
     prompt, response and stop token), so the score is read where it was trained. Else the
-    prompt text followed by the response."""
+    prompt text followed by the response. `end_of_turn`: that token's text, when the caller
+    knows it (found from the template otherwise, which renders a probe conversation)."""
     if tokenizer.chat_template:
         text = tokenizer.apply_chat_template(prompt_messages(task), tokenize=False,
                                              add_generation_prompt=True)
         assert isinstance(text, str)
-        eot = end_of_turn_id(tokenizer)
-        return text + response + (tokenizer.decode([eot]) if eot is not None else "")
+        return text + response + (end_of_turn if end_of_turn is not None
+                                  else end_of_turn_text(tokenizer))
     prompt = (task.prompt if task.messages is None
               else "\n".join(m["content"] for m in task.messages))
     return prompt + response
+
+
+def end_of_turn_text(tokenizer: PreTrainedTokenizerBase) -> str:
+    """The text of the token the chat template ends an assistant turn with ('' if none)."""
+    eot = end_of_turn_id(tokenizer)
+    return tokenizer.decode([eot]) if eot is not None else ""
 
 
 @dataclass
@@ -149,10 +157,14 @@ class RewardModel:
                   else None]
         self.max_length = min((n for n in limits if n), default=None)
         """Tokens a text is cut to (None: not cut)."""
+        self.end_of_turn = end_of_turn_text(self.tokenizer) if self.tokenizer.chat_template \
+            else ""
+        """What ends the response in every text it reads (found once, not per call)."""
 
     def texts(self, calls: Sequence[RewardCall]) -> list[str]:
         """What the model reads for each call (`model_text`)."""
-        return [model_text(self.tokenizer, task, response) for task, response in calls]
+        return [model_text(self.tokenizer, task, response, self.end_of_turn)
+                for task, response in calls]
 
     def scores(self, calls: Sequence[RewardCall]) -> list[float]:
         """The model's raw score of each call, in one batched forward."""

@@ -17,8 +17,11 @@ from rft_hpc.tasks.task import Task
 
 
 def term_label(term: AnyRewardSpec) -> str:
-    """`exact_match` or `model:/path/to/rm`: what a message calls the term."""
-    return term.name if isinstance(term, RewardSpec) else f"model:{term.model}"
+    """`exact_match`, `model:/path/to/rm` or `model:stage rm`: what a message calls the
+    term."""
+    if isinstance(term, RewardSpec):
+        return term.name
+    return f"model:{term.model if term.model is not None else f'stage {term.stage}'}"
 
 
 def reward_label(terms: tuple[AnyRewardSpec, ...]) -> str:
