@@ -29,6 +29,18 @@ CORRECT = 1.0
 """Reward from which a sample counts as correct (for pass@k and greedy accuracy)."""
 
 
+def gold_pairs(k: int) -> dict[str, str]:
+    """The held-out metrics a run with `eval.gold` reports the trained and the gold reward
+    by, side by side (in the stage results and summary.json), each with its name there:
+    the greedy answers' (`eval_reward`, `eval_gold`) and with `k` samples the samples'
+    (`eval_mean@k`, `eval_gold_mean@k`)."""
+    pairs = {"eval_reward": "reward", "eval_gold": "gold"}
+    if k:
+        pairs.update({f"eval_mean@{k}": f"reward_mean@{k}",
+                      f"eval_gold_mean@{k}": f"gold_mean@{k}"})
+    return pairs
+
+
 def pass_at_k(n: int, c: int, k: int) -> float:
     """Probability that at least one of k samples drawn without replacement from n samples,
     c of them correct, is correct (the unbiased pass@k estimator)."""
@@ -67,9 +79,11 @@ def score_tasks(engine: InferenceEngine, tasks: Sequence[Task], *, k: int, n: in
     """Greedy answers and `n` samples at `temperature` of every task (k = n = 0: greedy
     only), prompts in the engine's prompt format, scored by each task's own reward (a
     reward model's raw score; `reward_errors`: calls that raised, scored 0); `summarize`d.
-    With `gold`, each greedy answer is also scored by that reward function (`greedy_gold`,
-    the mean; `gold_errors`). Each task's greedy answer is appended to `answers` when
-    given, in task order, as `{"task_id", "answer", "reward"}` (and `"gold"`)."""
+    With `gold`, each greedy answer and each sample is also scored by that reward function
+    (`greedy_gold`, the greedy answers' mean; `gold_mean@k`, the samples'; `gold_errors`).
+    Each task's greedy answer is appended to `answers` when given, in task order, as
+    `{"task_id", "answer", "reward"}` (and `"gold"`), with samples also `"samples"` (their
+    texts), `"sample_rewards"` (and `"sample_golds"`)."""
     if n < k:
         raise ValueError(f"pass@{k} needs at least {k} samples per task, not {n}")
     greedy: list[float] = []
@@ -86,6 +100,7 @@ def score_tasks(engine: InferenceEngine, tasks: Sequence[Task], *, k: int, n: in
             return 0.0
 
     golds: list[float] = []
+    sample_golds: list[list[float]] = []
     gold_errors = [0]
 
     def gold_score(task: Task, text: str) -> float:
@@ -102,21 +117,30 @@ def score_tasks(engine: InferenceEngine, tasks: Sequence[Task], *, k: int, n: in
         prompts = [engine.prompt_ids(t) for t in chunk]
         best = engine.generate(prompts, n=1, max_new_tokens=max_new_tokens, temperature=0.0,
                                seed=seed)
+        # prompt j of the engine's call samples with seed `seed + j * n + sample`: each task
+        # of the whole list gets seeds of its own (an offset of `i` alone made a later
+        # chunk's prompts redraw an earlier chunk's samples, equal prompts the same texts)
         drawn = engine.generate(prompts, n=n, max_new_tokens=max_new_tokens,
-                                temperature=temperature, seed=seed + i) if n else best
+                                temperature=temperature, seed=seed + i * n) if n else best
         for task, one, group in zip(chunk, best, drawn, strict=True):
             greedy.append(score(task, one[0].text))
             row = {"task_id": task.task_id, "answer": one[0].text, "reward": greedy[-1]}
             if gold is not None:
                 golds.append(gold_score(task, one[0].text))
                 row["gold"] = golds[-1]
-            if answers is not None:
-                answers.append(row)
             if n:
                 samples.append([score(task, c.text) for c in group])
+                row.update(samples=[c.text for c in group], sample_rewards=samples[-1])
+                if gold is not None:
+                    sample_golds.append([gold_score(task, c.text) for c in group])
+                    row["sample_golds"] = sample_golds[-1]
+            if answers is not None:
+                answers.append(row)
     out = {**summarize(greedy, samples, k), "reward_errors": errors[0]}
     if gold is not None:
         out.update(greedy_gold=sum(golds) / len(golds), gold_errors=gold_errors[0])
+        if n:
+            out[f"gold_mean@{k}"] = sum(sum(g) / n for g in sample_golds) / len(sample_golds)
     return out
 
 
@@ -127,11 +151,13 @@ def heldout_scores(engine: InferenceEngine, tasks: Sequence[Task], settings: Eva
     (greedy answers whose task reward is at least 1), `eval_reward` (their mean reward) and,
     with `settings.k` samples per task at `temperature`, `eval_mean@k` and `eval_pass@k`;
     `eval_reward_errors` counts reward calls that raised; with `settings.gold`, `eval_gold`
-    (the greedy answers' mean gold reward) and `eval_gold_errors`. Every value is NaN for
-    no tasks. Each task's greedy answer and its rewards go into `answers` when given."""
+    (the greedy answers' mean gold reward), `eval_gold_errors` and with `settings.k`
+    `eval_gold_mean@k` (the samples'). Every value is NaN for no tasks. Each task's greedy
+    answer (and samples) and their rewards go into `answers` when given."""
     keys = ["accuracy", "reward", "reward_errors"]
     keys += [f"mean@{settings.k}", f"pass@{settings.k}"] if settings.k else []
     keys += ["gold", "gold_errors"] if settings.gold is not None else []
+    keys += [f"gold_mean@{settings.k}"] if settings.gold is not None and settings.k else []
     if not tasks:
         return {f"eval_{key}": float("nan") for key in keys}
     scores = score_tasks(engine, tasks, k=settings.k, n=settings.k,

@@ -26,6 +26,7 @@ from rft_hpc.core.errors import UserError
 from rft_hpc.core.rundir import RunDir, atomic_write_json, atomic_write_text, read_json
 from rft_hpc.envs.tool_demos import tool_demonstrations
 from rft_hpc.eval.bench import RESULTS_FILE
+from rft_hpc.eval.scoring import gold_pairs
 from rft_hpc.monitor.metrics import read_metrics
 from rft_hpc.run.model_init import init_model
 from rft_hpc.runtime.common import freeze_config
@@ -239,7 +240,7 @@ def finish_stage(config: ExperimentConfig, run: RunDir, name: str, seconds: floa
               "eval_initial": evals[0] if evals else None,
               "eval_final": evals[-1] if evals else None,
               "weights": str(run.weights_version(version)) if version is not None else None}
-    for key in ("eval_reward", "eval_gold"):  # with a gold reward: both, so hacking shows
+    for key in gold_pairs(config.eval.k):  # with a gold reward: both, so hacking shows
         series = [r[key] for r in rows if r.get(key) is not None]
         if series and config.eval.gold is not None:
             result.update({f"{key}_initial": series[0], f"{key}_final": series[-1]})

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 from rft_hpc.config import load_config
 from rft_hpc.core.rundir import RunDir, atomic_write_json
 from rft_hpc.eval.results import evaluation_results
+from rft_hpc.eval.scoring import gold_pairs
 from rft_hpc.monitor.metrics import read_metrics
 from rft_hpc.run.stages import StageSeconds, finished_stages
 
@@ -45,11 +46,16 @@ def write_summary(run: RunDir, stages: list[dict[str, Any]], *,
                       for r in evaluation_results(run.stage(index, s["name"]))],
     }
     if "eval_gold_final" in stages[-1]:  # the trained reward and the gold one, side by side
-        summary["eval"].update({f"{when}_{what}": stage.get(f"eval_{what}_{when}")
-                                for what in ("reward", "gold")
+        summary["eval"].update({f"{when}_{what}": stage.get(f"{key}_{when}")
+                                for key, what in gold_pairs(_eval_k(run)).items()
                                 for when, stage in (("initial", rl), ("final", stages[-1]))})
     atomic_write_json(run.summary, summary)
     return summary
+
+
+def _eval_k(run: RunDir) -> int:
+    """The last stage's `eval.k` (samples per held-out task)."""
+    return load_config(run.config).stage_configs()[-1][1].eval.k
 
 
 def finalize_run(run: RunDir, seconds: StageSeconds, *, wall_seconds: float) -> dict[str, Any]:
@@ -72,9 +78,10 @@ def write_report(run: RunDir, stages: list[dict[str, Any]]) -> Path:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    golds = gold_pairs(_eval_k(run))
     series: dict[str, list[tuple[str, list[tuple[int, float]]]]] = {
         "reward_mean": [], "eval_accuracy": [], _MISMATCH: [], _STALENESS: [],
-        "eval_reward": [], "eval_gold": []}
+        **{key: [] for key in golds}}
     offset, boundaries = 0, []
     for index, stage in enumerate(stages):
         trainer = read_metrics(run.stage(index, stage["name"]).metrics_file("trainer"))
@@ -87,7 +94,7 @@ def write_report(run: RunDir, stages: list[dict[str, Any]]) -> Path:
             boundaries.append(offset)
     off_policy = bool(series[_MISMATCH] or series[_STALENESS])
     tools = _tool_rates(run, stages)
-    gold = bool(series["eval_gold"])
+    gold = bool(series["eval_gold"])  # the gold panel: with `eval.gold`
     panels = 2 + off_policy + bool(tools) + gold
     fig, axes = plt.subplots(1, panels, figsize=(11 + 5 * (panels - 2), 4))
     ax_r, ax_e = axes[0], axes[1]
@@ -104,7 +111,7 @@ def write_report(run: RunDir, stages: list[dict[str, Any]]) -> Path:
     if tools:
         _plot_tools(axes[2 + off_policy], tools)
     if gold:
-        _plot_gold(axes[-1], series["eval_reward"], series["eval_gold"], boundaries)
+        _plot_gold(axes[-1], {golds[key]: series[key] for key in golds}, boundaries)
     for ax in axes[:2 + off_policy]:  # trainer steps: the stage boundaries
         for x in boundaries:
             ax.axvline(x, color="grey", linestyle=":")
@@ -176,17 +183,20 @@ def _plot_tools(ax: Axes, rates: dict[str, list[tuple[int, float]]]) -> None:
     ax.legend(loc="best", fontsize="small")
 
 
-def _plot_gold(ax: Axes, reward: list[tuple[str, list[tuple[int, float]]]],
-               gold: list[tuple[str, list[tuple[int, float]]]], boundaries: list[int]) -> None:
-    """The held-out greedy answers' mean task reward (what training optimises, e.g. a
-    reward model's score) and mean gold reward (`eval.gold`), against the trainer step: a
-    reward that rises while the gold one does not is reward hacking."""
-    for label, lines, style in (("trained reward", reward, "-"), ("gold", gold, "--")):
-        for name, points in lines:
-            ax.plot(*zip(*points, strict=True), style, marker="o", label=f"{label} ({name})")
+def _plot_gold(ax: Axes, lines: dict[str, list[tuple[str, list[tuple[int, float]]]]],
+               boundaries: list[int]) -> None:
+    """The held-out answers' mean task reward (what training optimises, e.g. a reward
+    model's score) and mean gold reward (`eval.gold`) against the trainer step, `lines` by
+    their summary names (`reward`, `gold`: greedy answers; `reward_mean@k`, `gold_mean@k`:
+    samples): a reward that rises while the gold one does not is reward hacking."""
+    for what, stages in lines.items():
+        label = what.replace("reward", "trained reward")
+        for name, points in stages:
+            ax.plot(*zip(*points, strict=True), "--" if "gold" in what else "-",
+                    marker="o" if "@" not in what else "s", label=f"{label} ({name})")
     for x in boundaries:
         ax.axvline(x, color="grey", linestyle=":")
     ax.set(title="held-out reward: trained and gold", xlabel="trainer step (all stages)",
-           ylabel="mean reward of greedy answers")
+           ylabel="mean reward (greedy answers; @k: samples)")
     ax.grid(alpha=0.3)
     ax.legend(loc="best", fontsize="small")

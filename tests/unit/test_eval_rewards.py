@@ -46,3 +46,22 @@ def test_a_failing_reward_scores_zero_and_is_counted(tiny_model):
     assert set(greedy_only) == {"eval_accuracy", "eval_reward", "eval_reward_errors"}
     assert all(math.isnan(v) for v in heldout_scores(engine, [], EvalConfig(),
                                                      temperature=1.0, seed=0).values())
+
+
+def test_samples_of_equal_prompts_in_different_batches_differ(tiny_model):
+    # one prompt twelve times, four tasks a batch: every task draws its samples with seeds
+    # of its own, so no two tasks' samples are the same texts (a batch's offset alone
+    # reused an earlier batch's seeds)
+    engine = HFEngine(tiny_model)
+    same = [Task(f"s{i}", "12+34=", "46") for i in range(12)]
+    answers: list[dict] = []
+    score_tasks(engine, same, k=2, n=2, temperature=1.0, max_new_tokens=8, batch_size=8,
+                seed=0, answers=answers)
+    drawn = [tuple(a["samples"]) for a in answers]
+    assert len(set(drawn)) == len(drawn)
+    assert all(a["sample_rewards"] == [float(s == "46") for s in a["samples"]]
+               for a in answers)
+    again: list[dict] = []
+    score_tasks(engine, same, k=2, n=2, temperature=1.0, max_new_tokens=8, batch_size=8,
+                seed=0, answers=again)
+    assert again == answers  # seeded: the same again
