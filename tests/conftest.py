@@ -54,8 +54,8 @@ def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
 # costs only time, never a test.
 LONG_FILES = ("test_real_workload.py", "test_real_workload_qwen3.py", "test_chaos.py",
               "test_tool_recipe.py", "test_rlhf_recipe.py", "test_rl_algorithms_learn.py",
-              "test_experiment_run.py", "test_plain_install.py", "test_megatron_train.py", "test_trainer_distributed.py",
-              "test_sync_roles.py", "test_bench.py")
+              "test_experiment_run.py", "test_plain_install.py", "test_megatron_train.py",
+              "test_trainer_distributed.py", "test_sync_roles.py", "test_bench.py")
 
 
 def _schedule_order(items: list[pytest.Item]) -> None:

@@ -2,8 +2,8 @@
 runs them: the SFT warm-up (configs/sft.yaml) and SFT-then-DPO (configs/dpo.yaml). The others
 run elsewhere: demo and the RL algorithms in test_rl_algorithms_learn.py, pipeline.yaml in
 test_pipeline_run.py, multiturn.yaml in test_multiturn.py, the CPU recipes in
-test_real_workload.py, test_tool_recipe.py and test_rlhf_recipe.py. The GPU recipes cannot run here: they are
-validated and rendered."""
+test_real_workload.py, test_tool_recipe.py and test_rlhf_recipe.py. The GPU recipes cannot
+run here: they are validated and rendered."""
 
 from __future__ import annotations
 
