@@ -116,6 +116,7 @@ class StepStream:
         self.failures = failures
         self._steps: dict[int, _Step] = {}
         self._engine_seconds = 0.0  # engine time since the last completed step
+        self._reward_wait_seconds = 0.0  # scorer time since the last completed step
         self._handed_back: float | None = None  # when the last step was handed back
 
     def __len__(self) -> int:
@@ -166,6 +167,7 @@ class StepStream:
             t0 = time.monotonic()
             finished = self.engine.poll()
             self._engine_seconds += time.monotonic() - t0
+            t0 = time.monotonic()
             for group in finished:
                 step_no, j = group.key
                 st = self._steps[step_no]
@@ -176,7 +178,11 @@ class StepStream:
                     st.generated = time.monotonic()
             self.rewards.pump(0.0)
         else:
+            t0 = time.monotonic()
             self.rewards.pump(wait)
+        # the loop is one thread: time in the scorer (reward models' forwards, waits for
+        # results with nothing left to generate) is time the engine does not generate
+        self._reward_wait_seconds += time.monotonic() - t0
         for st in self._steps.values():
             self._judge(st)
 
@@ -211,12 +217,13 @@ class StepStream:
                 group_ids=[st.group_ids[j] for j in kept], step=st.step, version=st.version)
             assert st.generated is not None
             metrics.update(generate_seconds=self._engine_seconds,
+                           reward_wait_seconds=self._reward_wait_seconds,
                            reward_seconds=time.monotonic() - st.generated,
                            steps_in_flight=float(len(self._steps) + 1),
                            reward_workers=float(self.rewards.size))
             if self.dynamic is not None:
                 metrics.update(dynamic_metrics(st))
-            self._engine_seconds = 0.0
+            self._engine_seconds = self._reward_wait_seconds = 0.0
             if self.failures is not None:  # before the write: a restart redoes this step
                 self.failures.add(len(experiences), metrics)
             now = time.monotonic()

@@ -120,6 +120,9 @@ def test_rollout_logprobs_are_what_the_trainer_recomputes(tiny_model):
         assert torch.allclose(recomputed[mask], batch.old_logprobs[mask], atol=2e-5)
         assert metrics["generated_tokens"] == float(mask.sum())  # the rollout throughput's
         assert metrics["generate_seconds"] > 0
+        # rewards are scored in worker processes: the loop waits on them for a share only
+        assert 0 < metrics["reward_wait_seconds"] < metrics["generate_seconds"] + \
+            metrics["reward_seconds"]
 
 
 def test_stages_merge_only_the_keys_they_give(tmp_path):
