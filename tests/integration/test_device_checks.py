@@ -78,3 +78,18 @@ def test_grpo_check_without_vllm_runs_grpo_on_hf_and_reports_both_rates(tmp_path
     assert any(g > 0 for g in result["grad_norms"])  # the rewards differ within a group
     assert result["weights"] == {"version": 2, "dtypes": ["float32"], "finite": True,
                                  "kind": "lora-adapter" if lora else "full"}
+
+
+def test_reward_check_scores_as_a_bare_forward_on_the_cpu() -> None:
+    """reward_check.py's tiny shape on the CPU: the explorer's scorer gives the bare
+    forward's scores exactly (fp32, one device) and both rates are reported (the ratio is
+    the device's figure: timed, never asserted here)."""
+    proc = subprocess.run(
+        [sys.executable, str(REPO / "tools/device/reward_check.py"), "--reps", "2"],
+        capture_output=True, text=True, timeout=240, cwd=REPO,
+        env={**os.environ, "CUDA_VISIBLE_DEVICES": ""})
+    result = json.loads(proc.stdout.split("RESULT ")[-1])
+    assert (result["device"], result["shape"], result["batch"]) == ("cpu", "tiny", 32)
+    assert result["max_score_difference"] == 0.0 and result["tokens"] > 32 * 120
+    assert result["tokens_per_s"] > 0 and result["bare_tokens_per_s"] > 0
+    assert proc.returncode == (0 if result["ok"] else 1)

@@ -86,16 +86,21 @@ def recipe_calls(model: Path, n: int) -> list[tuple[Any, str]]:
              random_response(rng, prompt_topic(t.prompt) or "cat")) for t in train]
 
 
-def _median_rate(score, calls: int, reps: int) -> float:
-    """Calls/s of `score()` (one call scores `calls`), the median of `reps` after one
-    warm-up."""
-    score()
-    times = []
+def _median_rates(fns: list, calls: int, reps: int) -> list[float]:
+    """Calls/s of each of `fns` (each call scores `calls`), the median of `reps` rounds after
+    one warm-up each; the rounds interleave them, so that a passing load on the machine
+    weighs on all alike."""
+    for fn in fns:
+        fn()
+    rounds = []
     for _ in range(reps):
-        t0 = time.perf_counter()
-        score()
-        times.append(time.perf_counter() - t0)
-    return calls / statistics.median(times)
+        row = []
+        for fn in fns:
+            t0 = time.perf_counter()
+            fn()
+            row.append(time.perf_counter() - t0)
+        rounds.append(row)
+    return [calls / statistics.median(r[i] for r in rounds) for i in range(len(fns))]
 
 
 def throughput(model: Path, batch: int, reps: int) -> dict[str, float]:
@@ -122,8 +127,8 @@ def throughput(model: Path, batch: int, reps: int) -> dict[str, float]:
         outcomes = scorer.score(calls)
         assert not any(o.failed for o in outcomes), outcomes[0].error
 
-    return {"bare": _median_rate(bare, batch, reps),
-            "explorer": _median_rate(explorer, batch, reps), "device": device}
+    rate_bare, rate_explorer = _median_rates([bare, explorer], batch, reps)
+    return {"bare": rate_bare, "explorer": rate_explorer, "device": device}
 
 
 def shape_config(root: Path, model: Path, steps: int, reward_job: int) -> Path:
