@@ -1,13 +1,15 @@
 """RLHF's stages as one run (docs/reward-models.md): a reward-model stage trains on
 generated preferences (WebGPT's layout, `rft-hpc data preferences`), an SFT stage warms the
 policy up, and a GRPO stage explores with the reward model the first stage made (`reward:
-{stage: rm}`), the gold rule reported beside it (`eval.gold`). Shrunk to a few steps: what
+{stage: rm}`), the gold rule reported beside it (`eval.gold`), then a PPO stage (its critic,
+a KL to its start) with the same reward model. Shrunk to a few steps: what
 is checked is the plumbing (which weights each stage starts from, which model scores, what
 summary.json and report.png say), not learning."""
 
 from __future__ import annotations
 
 import json
+import math
 import struct
 from pathlib import Path
 
@@ -46,6 +48,9 @@ stages:
     trainer: {{steps: 3, batch_size: 8}}
   - name: grpo
     mode: both
+  - name: ppo
+    mode: both
+    algorithm: {{algorithm_type: ppo, critic_lr: 1.0e-4, kl_loss_fn: low_var_kl}}
 """
 
 
@@ -80,9 +85,10 @@ def test_policy_stages_chain_past_the_reward_model_which_scores_the_rl_stage(rlh
     model = AutoModelForSequenceClassification.from_pretrained(str(export),
                                                                local_files_only=True)
     records = [r for r in rollouts(stages / "2-grpo") if hasattr(r, "reward")]
-    assert records
+    records += [r for r in rollouts(stages / "3-ppo") if hasattr(r, "reward")][:4]
+    assert len(records) > 4
     eot = tokenizer.convert_tokens_to_ids("<|im_end|>")
-    for record in records[:8]:
+    for record in records[:4] + records[-4:]:  # GRPO's and PPO's
         response = [int(t) for t in record.tokens[record.prompt_length:] if int(t) != eot]
         text = tokenizer.decode(record.tokens[:record.prompt_length]) + \
             tokenizer.decode(response, skip_special_tokens=True) + "<|im_end|>"
@@ -97,7 +103,7 @@ def test_the_gold_reward_is_reported_beside_the_trained_one(rlhf_run):
     summary = json.loads((rlhf_run / "summary.json").read_text())
     for key in ("initial_reward", "final_reward", "initial_gold", "final_gold"):
         assert isinstance(summary["eval"][key], float), key
-    stage = rlhf_run / "stages" / "2-grpo"
+    stage = rlhf_run / "stages" / "3-ppo"  # the last stage's end
     answers = read_jsonl(stage / "eval" / "answers" / "v000002.jsonl")
     _, held_out = build_tasks(load_config(stage / "config.yaml").tasks, 0)
     assert [a["task_id"] for a in answers] == [t.task_id for t in held_out]
@@ -108,3 +114,15 @@ def test_the_gold_reward_is_reported_beside_the_trained_one(rlhf_run):
     png = (rlhf_run / "report.png").read_bytes()
     # four panels: reward, held-out accuracy, off-policy, and the trained and gold rewards
     assert struct.unpack(">I", png[16:20])[0] == 2100
+
+
+@pytest.mark.timeout(1200)
+def test_ppo_trains_its_critic_on_the_reward_models_scores_with_a_kl(rlhf_run):
+    stage = rlhf_run / "stages" / "3-ppo"
+    assert load_config(stage / "config.yaml").tasks.reward.model == (
+        rlhf_run / "stages" / "0-rm" / "reward_model").resolve()
+    steps = [m for m in read_jsonl(stage / "metrics" / "trainer.jsonl") if "loss" in m]
+    assert len(steps) == 2
+    for m in steps:
+        assert math.isfinite(m["value_loss"]) and m["value_loss"] > 0
+        assert math.isfinite(m["kl_ref"]) and m["kl_ref"] >= 0
