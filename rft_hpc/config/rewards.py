@@ -190,7 +190,7 @@ class JudgeSpec(ConfigSection):
     `package.module:function`, called as `function(answer, **parser_args)` and returning a
     number, or None for an answer it cannot read."""
 
-    parser_args: dict[str, Any] = Field(default_factory=dict)
+    parser_args: dict[str, Any] = Field(default_factory=dict, validate_default=True)
     """Keyword arguments of the parser: `number` takes `range: [lo, hi]` (the number
     clamped into it) and `pattern` (a regular expression whose first group is the number,
     e.g. `'Score: (\\d+)'`); `choice` takes the labels and their values
