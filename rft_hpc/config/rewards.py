@@ -194,7 +194,8 @@ class JudgeSpec(ConfigSection):
     """Keyword arguments of the parser: `number` takes `range: [lo, hi]` (the number
     clamped into it) and `pattern` (a regular expression whose first group is the number,
     e.g. `'Score: (\\d+)'`); `choice` takes the labels and their values
-    (`{yes: 1, no: 0}`); checked against the parser's signature before a run starts."""
+    (`{'yes': 1, 'no': 0}`: quoted, as YAML reads a bare yes or no as true or
+    false); checked against the parser's signature before a run starts."""
 
     max_new_tokens: int = Field(16, ge=1)
     """Most tokens of the judge's answer (it answers greedily, until its end of turn)."""
@@ -223,7 +224,7 @@ class JudgeSpec(ConfigSection):
             return args
         if not args:
             raise ValueError("parser choice needs its labels and their values as "
-                             "parser_args, e.g. {yes: 1, no: 0}")
+                             "parser_args, e.g. {'yes': 1, 'no': 0}")
         bad = [k for k, v in args.items() if isinstance(v, bool)
                or not isinstance(v, int | float)]
         if bad:

@@ -49,7 +49,7 @@ def choice(answer: str, **labels: float) -> float | None:
     `{yes: 1, no: 0}`, `"Yes."` is 1 and `"no, not yes"` is 0); None when it says none."""
     if not labels:
         raise ValueError("the choice parser needs labels and their values in parser_args, "
-                         "e.g. {yes: 1, no: 0}")
+                         "e.g. {'yes': 1, 'no': 0}")
     words = "|".join(re.escape(k) for k in sorted(labels, key=len, reverse=True))
     found = re.search(rf"(?<!\w)({words})(?!\w)", answer, re.IGNORECASE)
     if found is None:

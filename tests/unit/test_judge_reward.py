@@ -104,7 +104,7 @@ def test_a_missing_judge_folder_and_a_bad_parser_are_refused_at_their_keys(tmp_p
                              "    parser: choice\n")
     assert problems(config) == [f"{config}:5: tasks.reward.parser_args: parser choice needs "
                                 "its labels and their values as parser_args, e.g. "
-                                "{yes: 1, no: 0}"]
+                                "{'yes': 1, 'no': 0}"]
 
 
 def test_validate_refuses_an_unimportable_parser_before_anything_starts(tmp_path, judge):
@@ -182,3 +182,20 @@ def test_the_mix_sums_a_function_and_a_judge_and_fails_unparseable_calls(judge):
     assert score_in_process(task, "2") == 0.5 + 2 * 2.0
     with pytest.raises(RuntimeError, match="unparseable answer 'Score: \\+'"):
         score_in_process(task, "2+")
+
+
+def test_a_judge_term_becomes_the_tasks_term_and_the_frozen_config_loads_back(tmp_path,
+                                                                              judge):
+    from rft_hpc.runtime.common import freeze_config
+    from rft_hpc.tasks.source import build_tasks
+
+    config = write(tmp_path, f"    - {{name: exact_match, weight: 0.5}}\n"
+                             f"    - {{judge: {judge}, template: 'Rate: {{response}}', "
+                             "parser: choice, parser_args: {'yes': 1, 'no': 0}}\n")
+    cfg = load_config(config, checks=PREFLIGHT_CHECKS)
+    task = build_tasks(cfg.tasks, 0)[0][0]
+    assert task.reward_terms == tuple(cfg.tasks.reward)
+    assert task.reward == f"0.5*exact_match + judge:{judge}"
+    frozen = tmp_path / "frozen.yaml"
+    freeze_config(cfg, frozen)
+    assert load_config(frozen) == cfg
