@@ -173,9 +173,11 @@ def test_the_mix_sums_a_function_and_a_judge_and_fails_unparseable_calls(judge):
     spec = JudgeSpec(judge=judge, template=JUDGE_TEMPLATE, weight=2.0)
     task = Task("m", "1+1=", "2", reward="0.5*exact_match + 2*judge",
                 reward_terms=(RewardSpec(name="exact_match", weight=0.5), spec))
-    with RewardMix(RewardPool(workers=1, timeout=60.0)) as mix:
-        assert isinstance(mix.scorers["judge"], Scorer)
+    judges = JudgeScorer()  # the judge kind's scorer, given: the mix routes judge terms to it
+    with RewardMix(RewardPool(workers=1, timeout=60.0), {"judge": judges}) as mix:
+        assert isinstance(mix.scorers["judge"], Scorer) and mix.scorers["judge"] is judges
         good, other, bad = mix.score([(task, "2"), (task, "17"), (task, "2+")])
+        assert judges.size == 1 and mix.scorers["model"].size == 0
     assert (good.score, other.score) == (0.5 + 2 * 2.0, 2 * 7.0)
     assert bad.failed and bad.unparseable and bad.score == 0.0
     assert bad.error == f"judge:{judge}: unparseable answer 'Score: +'"
