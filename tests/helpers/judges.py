@@ -1,7 +1,9 @@
-"""A tiny LLM judge built locally: a two-layer Qwen2 chat model of `rft-hpc model init`,
-fine-tuned here with a few hundred plain-torch SFT steps to answer `Score: <c>` to the
-rubric `Rate: <response>`, where `<c>` is the response's last character (its template's
-`Rate: ` space for an empty response). Responses from the arithmetic alphabet then give
+"""A tiny LLM judge built locally: a two-layer Mistral chat model of `rft-hpc model init`,
+fine-tuned here with plain-torch SFT steps to answer `Score: <c>` to the rubric
+`Rate: <response>`, where `<c>` is the response's last character (its template's `Rate: `
+space for an empty response). Mistral's template is the shortest: 320 steps teach it this
+in 14 s on one core (60 answers of 60 right), where Qwen2's, with its system prompt, took
+30 s for 260 (measured 2026-12-07). Responses from the arithmetic alphabet then give
 answers the `number` parser reads (`Score: 7`) and answers it cannot (`Score: +`), a
 deterministic mix that a test can recompute with a plain greedy `generate`."""
 
@@ -15,7 +17,7 @@ from rft_hpc.models.tiny import ARITHMETIC_ALPHABET
 JUDGE_TEMPLATE = "Rate: {response}"
 """The rubric the judge is trained on."""
 
-SFT_STEPS = 260
+SFT_STEPS = 320
 SFT_BATCH = 24
 
 
@@ -35,7 +37,7 @@ def tiny_judge(folder: Path, *, seed: int = 0) -> Path:
     from rft_hpc.models.tiny import TinyModelSpec, init_tiny_model
 
     base = folder.with_name(folder.name + "-base")
-    init_tiny_model(base, TinyModelSpec(arch="qwen2", num_layers=2, seed=seed))
+    init_tiny_model(base, TinyModelSpec(arch="mistral", num_layers=2, seed=seed))
     tokenizer = AutoTokenizer.from_pretrained(str(base), local_files_only=True)
     model = AutoModelForCausalLM.from_pretrained(str(base), local_files_only=True)
     rng = random.Random(seed)

@@ -138,9 +138,7 @@ def direct_answers(folder, rubrics):
 
 def test_the_judge_reads_its_chat_template_and_learned_its_rubric(judge):
     tokenizer = AutoTokenizer.from_pretrained(str(judge), local_files_only=True)
-    text = judge_text(tokenizer, "Rate: 12")
-    assert "<|im_start|>user\nRate: 12<|im_end|>" in text
-    assert text.endswith("<|im_start|>assistant\n")
+    assert judge_text(tokenizer, "Rate: 12") == "<s>[INST] Rate: 12 [/INST]"
     answers = direct_answers(judge, [JUDGE_TEMPLATE.format(response=r) for r in RESPONSES])
     assert answers == [judge_rubric_answer(r) for r in RESPONSES]
 
