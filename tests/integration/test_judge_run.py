@@ -5,7 +5,8 @@ finishes. Each record's reward is recomputed here, the judge's answer by a plain
 transformers `generate` of the rubric in its chat template, read by a regular expression:
 parseable answers give the weighted sum, unparseable ones fail their rollout (reward 0,
 `info["reward_failure"]`), as many as the step metrics count (`judge_unparseable`), and the
-explorer's log names each one's task id."""
+explorer's log names each one's task id. The trainer's held-out evaluation scores its greedy
+answers by the same sum, counting the unparseable ones in `eval_reward_errors`."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from helpers.runs import rollouts
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from rft_hpc.config import load_config
+from rft_hpc.core.rundir import read_jsonl
 from rft_hpc.monitor.metrics import read_metrics
 from rft_hpc.tasks.source import build_tasks
 
@@ -81,8 +83,8 @@ def test_a_run_scored_by_a_judge_counts_and_logs_its_unparseable_answers(tmp_pat
     assert [s["step"] for s in steps] == [0, 1]
     records = rollouts(stage)
     assert len(records) == 16
-    train, _ = build_tasks(load_config(config).tasks, 0)
-    tasks = {t.task_id: t for t in train}
+    train, held_out = build_tasks(load_config(config).tasks, 0)
+    tasks = {t.task_id: t for t in (*train, *held_out)}
     judged = judge_scores(judge, [r.info["response"] for r in records])
     unparseable = [r for r, (_, score) in zip(records, judged, strict=True) if score is None]
     assert 0 < len(unparseable) < len(records), judged  # both kinds of answers
@@ -102,3 +104,14 @@ def test_a_run_scored_by_a_judge_counts_and_logs_its_unparseable_answers(tmp_pat
     assert len(warnings) == len(unparseable)
     for record in unparseable:
         assert any(f"on task {record.task_id} (rollout" in w for w in warnings), warnings
+
+    evals = [m for m in read_metrics(stage / "metrics" / "trainer.jsonl")
+             if m.get("eval_reward") is not None]
+    answers = read_jsonl(sorted((stage / "eval" / "answers").glob("*.jsonl"))[-1])
+    assert [a["task_id"] for a in answers] == [t.task_id for t in held_out]
+    greedy = judge_scores(judge, [a["answer"] for a in answers])
+    expected = [0.0 if score is None else
+                0.5 * float(a["answer"].strip() == tasks[a["task_id"]].answer) + 2.0 * score
+                for a, (_, score) in zip(answers, greedy, strict=True)]
+    assert [a["reward"] for a in answers] == pytest.approx(expected, abs=1e-6)
+    assert evals[-1]["eval_reward_errors"] == sum(score is None for _, score in greedy)
