@@ -107,6 +107,15 @@ def test_a_missing_judge_folder_and_a_bad_parser_are_refused_at_their_keys(tmp_p
                                 "{'yes': 1, 'no': 0}"]
 
 
+def test_a_judge_outside_the_single_turn_workflow_is_refused(tmp_path, judge):
+    config = write(tmp_path, f"    judge: {judge}\n    template: 'Rate: {{response}}'\n"
+                             "explorer:\n  workflow: {type: multi_turn, env: x.y:Env}\n")
+    (problem,) = problems(config)
+    assert problem.endswith("tasks.reward: reward models and judges score in the "
+                            "explorer's single-turn workflow only; this run uses "
+                            "explorer.workflow.type multi_turn")
+
+
 def test_validate_refuses_an_unimportable_parser_before_anything_starts(tmp_path, judge):
     config = write(tmp_path, f"    - {{name: exact_match, weight: 0.5}}\n"
                              f"    - judge: {judge}\n"
