@@ -129,7 +129,7 @@ BUILTIN_PARSERS: dict[str, str] = {
     "verdict": "rft_hpc.tasks.judge_parsers:verdict",
 }
 """The judge answer parsers a config may name without an import path, and where each is
-(docs/rewards.md, "LLM judges")."""
+(docs/rewards.md, "LLM judges as rewards")."""
 
 JUDGE_PLACEHOLDERS = ("prompt", "response", "answer")
 """What a judge template may name: the task's prompt, the rollout's response, the task's
@@ -168,7 +168,7 @@ def check_parser_name(name: str) -> str:
 class JudgeSpec(ConfigSection):
     """An LLM judge (alone, or as an entry of a list of rewards): a local chat model reads
     the `template` filled in with the task and the response, answers greedily, and `parser`
-    turns its answer into the score (docs/rewards.md, "LLM judges")."""
+    turns its answer into the score (docs/rewards.md, "LLM judges as rewards")."""
 
     kind: ClassVar[str] = "judge"
 
