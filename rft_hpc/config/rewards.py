@@ -1,25 +1,36 @@
 """Configuration of a task source's reward: a reward function (a name, or a name with
-keyword arguments), a reward model folder, or a weighted sum of such terms.
+keyword arguments), a reward model folder, an LLM judge, or a weighted sum of such terms.
 
 `reward: math_verify`, `reward: {name: math_verify, args: {answer_tag: answer}}`,
-`reward: {model: /models/rm, normalize: batch}` and
+`reward: {model: /models/rm, normalize: batch}`,
+`reward: {judge: /models/chat, template: "...{response}...", parser: number}` and
 `reward: [{name: exact_match, weight: 0.5}, {model: /models/rm}]`. Each term is told apart
-by its key (`name`: a function, `model`: a reward model), so that a further kind of term
-(an LLM judge, `{judge: ...}`) is one more tagged member of `RewardTerm`. The config checks
-only spelling here: a built-in name from `BUILTIN_REWARDS`, or the form
-`package.module:function`. Whether the function imports and takes the arguments, and
-whether a model folder holds a one-label sequence classifier, is checked before a run
-starts, by `rft_hpc.tasks.reward_check` (imports have no place in the config layer).
+by its key (`name`: a function, `model`: a reward model, `judge`: an LLM judge), each kind
+a tagged member of `RewardTerm` (its `kind`). The config checks only spelling here: a
+built-in name from `BUILTIN_REWARDS` (or `BUILTIN_PARSERS`), or the form
+`package.module:function`, and a judge template's placeholders. Whether the function
+imports and takes the arguments, and whether a model folder holds a one-label sequence
+classifier (a judge's: a causal LM), is checked before a run starts, by
+`rft_hpc.tasks.reward_check` (imports have no place in the config layer).
 """
 
 from __future__ import annotations
 
 import re
+import string
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 from annotated_types import MinLen
-from pydantic import BeforeValidator, Discriminator, Field, Tag, field_validator, model_validator
+from pydantic import (
+    BeforeValidator,
+    Discriminator,
+    Field,
+    Tag,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 from rft_hpc.config.paths import ConfigPath
 from rft_hpc.core.config_section import ConfigSection
@@ -51,6 +62,8 @@ class RewardSpec(ConfigSection):
     """A reward function and the keyword arguments it is called with (alone, or as an entry
     of a list of rewards)."""
 
+    kind: ClassVar[str] = "function"
+
     name: str
     """A built-in reward (`exact_match`, `exact_match_with_format`, `math_verify`,
     `think_answer_format`) or the user's `package.module:function`, called as
@@ -75,6 +88,8 @@ class RewardModelSpec(ConfigSection):
     """A reward model (alone, or as an entry of a list of rewards): a local Hugging Face
     sequence-classification folder with one label, scoring prompt and response together in
     the explorer (docs/rewards.md)."""
+
+    kind: ClassVar[str] = "model"
 
     model: ConfigPath | None = None
     """The reward model's folder (config.json with a `...ForSequenceClassification`
@@ -108,20 +123,134 @@ class RewardModelSpec(ConfigSection):
         return self
 
 
+BUILTIN_PARSERS: dict[str, str] = {
+    "number": "rft_hpc.tasks.judge_parsers:number",
+    "choice": "rft_hpc.tasks.judge_parsers:choice",
+    "verdict": "rft_hpc.tasks.judge_parsers:verdict",
+}
+"""The judge answer parsers a config may name without an import path, and where each is
+(docs/rewards.md, "LLM judges as rewards")."""
+
+JUDGE_PLACEHOLDERS = ("prompt", "response", "answer")
+"""What a judge template may name: the task's prompt, the rollout's response, the task's
+reference answer."""
+
+
+def check_judge_template(template: str) -> str:
+    """`template` when it names `{response}` and no placeholder but `JUDGE_PLACEHOLDERS`
+    (literal braces doubled, as in Python's `str.format`); else a `ValueError` saying
+    what is wrong (pydantic reports it at the key, with its line)."""
+    try:
+        fields = [f for _, f, _, _ in string.Formatter().parse(template) if f is not None]
+    except ValueError as exc:
+        raise ValueError(f"judge template does not parse as a format string ({exc}); "
+                         "write a literal brace as {{ or }}") from None
+    unknown = sorted({f for f in fields if f not in JUDGE_PLACEHOLDERS})
+    if unknown:
+        known = ", ".join("{" + f + "}" for f in JUDGE_PLACEHOLDERS)
+        raise ValueError(f"judge template names {', '.join('{' + f + '}' for f in unknown)}; "
+                         f"its placeholders are {known} (write a literal brace as {{{{ or }}}})")
+    if "response" not in fields:
+        raise ValueError("judge template has no {response} placeholder: the judge would "
+                         "never see the response it scores")
+    return template
+
+
+def check_parser_name(name: str) -> str:
+    """`name` when it is a built-in parser or spelled `package.module:function`; else a
+    `ValueError` listing the built-ins."""
+    if name in BUILTIN_PARSERS or _IMPORT_PATH.fullmatch(name):
+        return name
+    raise ValueError(f"unknown judge parser {name!r}; built-in: {', '.join(BUILTIN_PARSERS)}, "
+                     "or give package.module:function")
+
+
+class JudgeSpec(ConfigSection):
+    """An LLM judge (alone, or as an entry of a list of rewards): a local chat model reads
+    the `template` filled in with the task and the response, answers greedily, and `parser`
+    turns its answer into the score (docs/rewards.md, "LLM judges as rewards")."""
+
+    kind: ClassVar[str] = "judge"
+
+    judge: ConfigPath
+    """The judge's folder: a Hugging Face causal LM (`...ForCausalLM`) with its tokenizer,
+    read locally, never from a hub; its chat template wraps the filled-in `template` as a
+    user message (a tokenizer without one reads the text as it is). `${VAR}` and `~` are
+    expanded."""
+
+    template: str
+    """The rubric the judge reads, with placeholders `{prompt}` (the task's prompt, chat
+    messages' contents joined by newlines), `{response}` (the rollout's response, required)
+    and `{answer}` (the task's reference answer); write a literal brace as `{{` or `}}`."""
+
+    parser: str = "number"
+    """What turns the judge's answer into a score: `number` (the first number in it),
+    `choice` (the first of the `parser_args` labels it says, as that label's value),
+    `verdict` (yes/no, correct/incorrect, ... as 1/0), or the user's
+    `package.module:function`, called as `function(answer, **parser_args)` and returning a
+    number, or None for an answer it cannot read."""
+
+    parser_args: dict[str, Any] = Field(default_factory=dict, validate_default=True)
+    """Keyword arguments of the parser: `number` takes `range: [lo, hi]` (the number
+    clamped into it) and `pattern` (a regular expression whose first group is the number,
+    e.g. `'Score: (\\d+)'`); `choice` takes the labels and their values
+    (`{'yes': 1, 'no': 0}`: quoted, as YAML reads a bare yes or no as true or
+    false); checked against the parser's signature before a run starts."""
+
+    max_new_tokens: int = Field(16, ge=1)
+    """Most tokens of the judge's answer (it answers greedily, until its end of turn)."""
+
+    weight: float = 1.0
+    """Factor of the judge's score in the reward: in a list of rewards, its weight in the
+    weighted sum."""
+
+    batch_size: int = Field(16, ge=1)
+    """Most rollouts judged in one batched generation."""
+
+    @field_validator("template")
+    @classmethod
+    def _has_response(cls, template: str) -> str:
+        return check_judge_template(template)
+
+    @field_validator("parser")
+    @classmethod
+    def _known_parser(cls, name: str) -> str:
+        return check_parser_name(name)
+
+    @field_validator("parser_args")
+    @classmethod
+    def _choice_labels(cls, args: dict[str, Any], info: ValidationInfo) -> dict[str, Any]:
+        if info.data.get("parser") != "choice":
+            return args
+        if not args:
+            raise ValueError("parser choice needs its labels and their values as "
+                             "parser_args, e.g. {'yes': 1, 'no': 0}")
+        bad = [k for k, v in args.items() if isinstance(v, bool)
+               or not isinstance(v, int | float)]
+        if bad:
+            raise ValueError(f"parser choice: the value of label {bad[0]!r} is not a number")
+        return args
+
+
 def _term_kind(value: object) -> str:
-    """The tag of a reward term: `model` for a reward model, `function` otherwise."""
+    """The tag of a reward term: `judge` for an LLM judge, `model` for a reward model,
+    `function` otherwise."""
     if isinstance(value, dict):
+        if "judge" in value:
+            return "judge"
         return "model" if "model" in value or "stage" in value else "function"
-    return "model" if isinstance(value, RewardModelSpec) else "function"
+    return str(getattr(value, "kind", "function"))
 
 
 RewardTerm = Annotated[Annotated[RewardSpec, Tag("function")]
-                       | Annotated[RewardModelSpec, Tag("model")],
+                       | Annotated[RewardModelSpec, Tag("model")]
+                       | Annotated[JudgeSpec, Tag("judge")],
                        Discriminator(_term_kind)]
-"""One term of a reward: a function (`{name, args}`) or a reward model (`{model}`)."""
+"""One term of a reward: a function (`{name, args}`), a reward model (`{model}`) or an LLM
+judge (`{judge, template, parser}`)."""
 
-AnyRewardSpec = RewardSpec | RewardModelSpec
-"""A validated reward term, of whatever kind."""
+AnyRewardSpec = RewardSpec | RewardModelSpec | JudgeSpec
+"""A validated reward term, of whatever kind (its `kind`: `function`, `model`, `judge`)."""
 
 
 def _one_or_sum(value: object) -> str:
@@ -142,7 +271,8 @@ RewardField = Annotated[Annotated[RewardTerm, Tag("one")]
                         | Annotated[list[RewardTerm], MinLen(1), Tag("sum")],
                         Discriminator(_one_or_sum), BeforeValidator(_from_name)]
 """A config's `reward`: a name (`math_verify`), `{name, args}`, a reward model
-`{model, normalize}`, or a list of those, whose weighted sum is the reward."""
+`{model, normalize}`, an LLM judge `{judge, template, parser}`, or a list of those, whose
+weighted sum is the reward."""
 
 
 def reward_terms(reward: AnyRewardSpec | list[AnyRewardSpec]) -> list[AnyRewardSpec]:

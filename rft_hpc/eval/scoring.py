@@ -19,8 +19,8 @@ from typing import Any
 from rft_hpc.config.rewards import RewardSpec
 from rft_hpc.config.schema import EvalConfig
 from rft_hpc.engines.protocol import InferenceEngine
-from rft_hpc.tasks.model_reward import ModelScorer, engine_device
-from rft_hpc.tasks.reward_mix import score_in_process
+from rft_hpc.tasks.model_reward import engine_device
+from rft_hpc.tasks.reward_mix import local_scorers, score_in_process
 from rft_hpc.tasks.reward_terms import term_task
 from rft_hpc.tasks.rewards import call_reward
 from rft_hpc.tasks.task import Task
@@ -78,7 +78,8 @@ def score_tasks(engine: InferenceEngine, tasks: Sequence[Task], *, k: int, n: in
                 gold: RewardSpec | None = None) -> dict[str, Any]:
     """Greedy answers and `n` samples at `temperature` of every task (k = n = 0: greedy
     only), prompts in the engine's prompt format, scored by each task's own reward (a
-    reward model's raw score; `reward_errors`: calls that raised, scored 0); `summarize`d.
+    reward model's raw score; `reward_errors`: calls that raised or that a judge's
+    unparseable answer failed, scored 0); `summarize`d.
     With `gold`, each greedy answer and each sample is also scored by that reward function
     (`greedy_gold`, the greedy answers' mean; `gold_mean@k`, the samples'; `gold_errors`).
     Each task's greedy answer is appended to `answers` when given, in task order, as
@@ -90,7 +91,7 @@ def score_tasks(engine: InferenceEngine, tasks: Sequence[Task], *, k: int, n: in
     samples: list[list[float]] = []
     errors = [0]
 
-    models = ModelScorer(engine_device())  # reward models, loaded when a task uses one
+    models = local_scorers(engine_device())  # reward models, judges: loaded when used
 
     def score(task: Task, text: str) -> float:
         try:

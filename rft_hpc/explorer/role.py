@@ -8,8 +8,9 @@ through the `explorer.protocols.Workflow` interface (`WORKFLOWS`). Single-turn s
 (`explorer.step_stream`): up to `explorer.steps_in_flight` steps' requests in flight together, new
 weights taken between engine steps, each step written once its last group is scored; their
 reward functions run in worker processes, each call within `explorer.reward_timeout`
-(`rft_hpc.tasks.reward_pool`), reward models in batched forwards in the explorer
-(`rft_hpc.tasks.model_reward`), a task's weighted terms summed by
+(`rft_hpc.tasks.reward_pool`), reward models in batched forwards and LLM judges in batched
+generations in the explorer (`rft_hpc.tasks.model_reward`, `rft_hpc.tasks.judge_reward`),
+a task's weighted terms summed by
 `rft_hpc.tasks.reward_mix`. Multi-turn steps run one at a time (`explorer.overrollout`),
 taking new weights at step boundaries.
 """
@@ -50,8 +51,8 @@ from rft_hpc.runtime.logs import at_step, setup_logging, step_line
 from rft_hpc.runtime.placement import reward_worker_bounds
 from rft_hpc.sync.follower import WeightFollower, build_receiver
 from rft_hpc.sync.weight_files import load_start_weights
-from rft_hpc.tasks.model_reward import ModelScorer, engine_device
-from rft_hpc.tasks.reward_mix import RewardMix
+from rft_hpc.tasks.model_reward import engine_device
+from rft_hpc.tasks.reward_mix import RewardMix, local_scorers
 from rft_hpc.tasks.reward_pool import RewardPool
 
 log = logging.getLogger(__name__)
@@ -95,11 +96,12 @@ WorkflowBuilder = Callable[[ExperimentConfig, RunDir, str, EngineStarter], Workf
 def single_turn_workflow(config: ExperimentConfig, run: RunDir, role: str,
                          start_engine: EngineStarter) -> Workflow:
     """Streaming single-turn steps (`StepStream`) scored by a `RewardMix`: reward functions
-    in a `RewardPool`, reward models (loaded on first use) on the engine's device."""
+    in a `RewardPool`, reward models and LLM judges (loaded on first use) on the engine's
+    device."""
     cfg = config.explorer
     workers, cores = reward_worker_bounds(cfg.reward_workers)
     pool = RewardPool(workers, cfg.reward_timeout, cores=cores)  # starts while the model loads
-    rewards = RewardMix(pool, ModelScorer(engine_device()))
+    rewards = RewardMix(pool, local_scorers(engine_device()))
     failures = RewardFailures(cfg.reward_failure_limit)
     try:
         engine = start_engine()

@@ -1,10 +1,11 @@
 """A single-turn step's scored groups as records (`scored_experiences`), and the count of
 failed reward calls (`RewardFailures`); `explorer.step_stream` samples and scores the groups.
 
-A reward that raises or overruns its time limit scores its rollout 0: the record says why
-(`info["reward_failure"]`), the step's metrics count it (`reward_errors`,
-`reward_timeouts`), the log names the task, and the explorer goes on; `RewardFailures`
-stops it once too large a share of its reward calls failed.
+A reward that raises or overruns its time limit, or an LLM judge whose answer does not
+parse, scores its rollout 0: the record says why (`info["reward_failure"]`), the step's
+metrics count it (`reward_errors`, `reward_timeouts`; unparseable judge answers are
+`reward_errors` and also `judge_unparseable`), the log names the task, and the explorer
+goes on; `RewardFailures` stops it once too large a share of its reward calls failed.
 """
 
 from __future__ import annotations
@@ -73,10 +74,11 @@ def scored_experiences(tasks: Sequence[Task], prompts: Sequence[Sequence[int]],
     call scores 0, is logged with its task and marked in the record; group j's records get
     `group_ids[j]`) and the step's metrics: `reward_mean`, `reward_std`, `groups_all_equal`,
     `response_length`, `finished`, `reward_errors` and `reward_timeouts` (failed reward
-    calls), `generated_tokens` (response tokens, the rollout throughput's)."""
+    calls), `judge_unparseable` (of the errors, judge answers without a score),
+    `generated_tokens` (response tokens, the rollout throughput's)."""
     outcomes = iter(outcomes)
     experiences: list[Experience] = []
-    errors = timeouts = 0
+    errors = timeouts = unparseable = 0
     for task, prompt, completions, group_id in zip(tasks, prompts, groups, group_ids,
                                                    strict=True):
         for k, completion in enumerate(completions):
@@ -85,12 +87,14 @@ def scored_experiences(tasks: Sequence[Task], prompts: Sequence[Sequence[int]],
                 task, prompt, completion, reward=outcome.score, group_id=group_id,
                 version=version, step=step)
             if outcome.failed:
-                why = outcome.error if outcome.timed_out else f"raised {outcome.error}"
+                why = (outcome.error if outcome.timed_out or outcome.unparseable
+                       else f"raised {outcome.error}")
                 log.warning("reward %s on task %s (rollout %d): %s; scored 0", task.reward,
                             task.task_id, k, why)
                 experience.info["reward_failure"] = why
                 errors += not outcome.timed_out
                 timeouts += outcome.timed_out
+                unparseable += outcome.unparseable
             experiences.append(experience)
     rewards = np.array([e.reward for e in experiences], dtype=np.float64)
     group_std = rewards.reshape(len(tasks), -1).std(axis=1)
@@ -100,6 +104,7 @@ def scored_experiences(tasks: Sequence[Task], prompts: Sequence[Sequence[int]],
                "response_length": float(np.mean(lengths)),
                "finished": float(np.mean([e.info["finished"] for e in experiences])),
                "reward_errors": float(errors), "reward_timeouts": float(timeouts),
+               "judge_unparseable": float(unparseable),
                "generated_tokens": float(sum(lengths))}
     return experiences, metrics
 

@@ -7,7 +7,9 @@ import or an argument the function does not take is one message at the config's 
 line (`rft-hpc validate`, and `run`/`submit` before they start anything), never a crashed
 explorer. Tasks of a data file that name their own reward are checked the same way. A
 reward model's folder must hold a one-label sequence classifier with a tokenizer and a pad
-token (its config and tokenizer are read, not its weights), at the term's `model` key.
+token (its config and tokenizer are read, not its weights), at the term's `model` key; an
+LLM judge's folder a causal LM with a tokenizer, at its `judge` key, and its parser must
+import and take `(answer, **parser_args)`, at its `parser` (or `parser_args`) key.
 """
 
 from __future__ import annotations
@@ -17,9 +19,10 @@ from pathlib import Path
 from typing import Any
 
 from rft_hpc.config.explain import Key
-from rft_hpc.config.rewards import AnyRewardSpec, RewardModelSpec, reward_terms
+from rft_hpc.config.rewards import AnyRewardSpec, JudgeSpec, RewardModelSpec, reward_terms
 from rft_hpc.config.schema import ExperimentConfig
 from rft_hpc.core.errors import UserError
+from rft_hpc.tasks.judge_reward import resolve_parser
 from rft_hpc.tasks.rewards import resolve_reward, signature_problem
 from rft_hpc.tasks.source import build_tasks
 from rft_hpc.tasks.task import Task
@@ -80,9 +83,65 @@ def model_problem(folder: Path) -> str | None:
     return None
 
 
+def judge_problem(folder: Path) -> str | None:
+    """Why `folder` cannot be an LLM judge (missing, not a Hugging Face folder, not a causal
+    LM, no tokenizer), or None when it can. Reads the folder's config and tokenizer, not
+    its weights."""
+    where = "" if folder.is_absolute() else f" (looked in {Path.cwd()})"
+    if not folder.exists():
+        return f"judge folder {str(folder)!r} does not exist{where}"
+    if not folder.is_dir():
+        return f"{str(folder)!r} is a file; expected a Hugging Face causal LM folder"
+    from transformers import AutoConfig, AutoTokenizer
+
+    try:
+        config = AutoConfig.from_pretrained(str(folder), local_files_only=True)
+    except Exception as exc:  # whatever transformers raises for a folder it cannot read
+        return f"{str(folder)!r} is not a Hugging Face model folder: {exc}"[:500]
+    kinds = list(getattr(config, "architectures", None) or [])
+    if not any(k.endswith(("ForCausalLM", "LMHeadModel", "ForConditionalGeneration"))
+               for k in kinds):
+        return (f"{str(folder)!r} is not a causal language model (architectures: "
+                f"{', '.join(kinds) or 'none'}); a judge is a chat model folder "
+                "(...ForCausalLM) that answers in text")
+    try:
+        AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
+    except Exception as exc:
+        return f"the tokenizer of judge {str(folder)!r} cannot be loaded: {exc}"[:500]
+    return None
+
+
+def parser_problem(name: str, args: dict[str, Any]) -> tuple[str, str] | None:
+    """Why judge parser `name` cannot be called as `parser(answer, **args)`, as (`"parser"`
+    or `"parser_args"`: what is wrong, message), or None when it can."""
+    import inspect
+
+    try:
+        fn = resolve_parser(name)
+    except UserError as exc:
+        return "parser", str(exc)
+    try:
+        inspect.signature(fn).bind("", **args)
+    except TypeError as exc:
+        return ("parser_args" if args else "parser",
+                f"judge parser {name!r} cannot be called as parser(answer"
+                f"{', **parser_args' if args else ''}): {exc}")
+    except ValueError:  # no signature to check (some C functions)
+        return None
+    return None
+
+
 def _term_problems(keys: tuple[Key, ...], term: AnyRewardSpec,
                    ) -> Iterator[tuple[tuple[Key, ...], str]]:
     """(key path, problem) of one reward term at `keys`."""
+    if isinstance(term, JudgeSpec):
+        found_judge = judge_problem(term.judge)
+        if found_judge:
+            yield (*keys, "judge"), found_judge
+        found_parser = parser_problem(term.parser, term.parser_args)
+        if found_parser:
+            yield (*keys, found_parser[0]), found_parser[1]
+        return
     if isinstance(term, RewardModelSpec):
         if term.model is None:  # a stage's, made by the run (config.loader checks the name)
             return
@@ -108,7 +167,7 @@ def reward_problems(config: ExperimentConfig) -> Iterator[tuple[tuple[Key, ...],
         elif spec is not None:
             yield from _term_problems((*keys, "reward"), spec)
         if spec is not None:
-            if any(isinstance(t, RewardModelSpec) for t in reward_terms(spec)):
+            if any(t.kind != "function" for t in reward_terms(spec)):
                 yield from _workflow_problems(config, keys)
             continue
         try:  # rows that name their own reward
@@ -142,10 +201,11 @@ def gold_problems(config: ExperimentConfig) -> Iterator[tuple[tuple[Key, ...], s
 
 def _workflow_problems(config: ExperimentConfig, keys: tuple[Key, ...],
                        ) -> Iterator[tuple[tuple[Key, ...], str]]:
-    """A reward model scores in the single-turn workflow's explorer only."""
+    """Reward models and judges score in the single-turn workflow's explorer only."""
     kinds = {stage.explorer.workflow.type for _, stage in config.stage_configs()
              if stage.mode in ("both", "explore")} - {"single_turn"}
     if kinds:
         yield (*keys, "reward"), (
-            "reward models score in the explorer's single-turn workflow only; this run uses "
+            "reward models and judges score in the explorer's single-turn workflow only; "
+            "this run uses "
             f"explorer.workflow.type {', '.join(sorted(kinds))}")

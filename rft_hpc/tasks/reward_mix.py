@@ -1,57 +1,95 @@
-"""The explorer's reward scorer over every kind of reward term: each call goes to the reward
-function pool and/or the reward model scorer, and its reward is the weighted sum of its
-terms' scores once all of them are in.
+"""The explorer's reward scorer over every kind of reward term: each call goes to the
+scorer of each of its terms' kinds (functions to the reward function pool, reward models
+and LLM judges to their scorers), and its reward is the weighted sum of its terms' scores
+once all of them are in.
 
 A batch whose tasks all have one function for a reward (no `reward_terms`) goes to the pool
 as it always did, its outcomes untouched. A task with terms has each term scored as a call
-of its own (`reward_terms.term_task`): function terms in the pool's worker processes, model
-terms in batched forwards in the explorer (`tasks.model_reward`). A term that fails
-(raises, dies, times out) fails the whole call: it scores 0 and says which term failed and
-why, as a raising reward function does. Reward shaping (`pipeline.reward_shaping`) applies
-to the sum, in the explorer, as to any reward.
+of its own (`reward_terms.term_task`) by the scorer of its kind (`term.kind`): function
+terms in the pool's worker processes, the others by `RewardMix.scorers`, by default
+`local_scorers` (reward models in batched forwards, judges in batched generations, in the
+explorer: `tasks.model_reward`, `tasks.judge_reward`); another scorer of a kind (one that
+scores elsewhere) plugs in there. A term that fails (raises, dies, times out, a judge's
+answer that does not parse) fails the whole call: it scores 0 and says which term failed
+and why, as a raising reward function does. Reward shaping (`pipeline.reward_shaping`)
+applies to the sum, in the explorer, as to any reward.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Protocol
 
-from rft_hpc.config.rewards import RewardModelSpec
+from rft_hpc.tasks.judge_reward import JudgeScorer
 from rft_hpc.tasks.model_reward import ModelScorer
 from rft_hpc.tasks.reward_pool import MESSAGE_CHARS, RewardCall, RewardOutcome, RewardPool, Scoring
 from rft_hpc.tasks.reward_terms import term_label, term_task
 from rft_hpc.tasks.rewards import call_reward
 from rft_hpc.tasks.task import Task
 
+if TYPE_CHECKING:
+    import torch
+
+
+class KindScorer(Protocol):
+    """What scores one kind of term: the `Scorer` protocol (`explorer.protocols`: one
+    outcome per call, in call order, failures scored 0 with their reason, results only
+    while `pump` runs), and `busy` while it holds calls without outcomes."""
+
+    @property
+    def busy(self) -> bool:
+        """Whether calls wait for their outcomes."""
+        ...
+
+    def submit(self, calls: Sequence[RewardCall]) -> Scoring:
+        """Queue `calls` and return their `Scoring` at once."""
+        ...
+
+    def pump(self, timeout: float | None = 0.0) -> None:
+        """Move the queued calls on, waiting up to `timeout` seconds for a result."""
+        ...
+
+    def close(self) -> None:
+        """Stop scoring and free what it holds."""
+        ...
+
+
+def local_scorers(device: str = "cpu", dtype: torch.dtype | None = None,
+                  ) -> dict[str, KindScorer]:
+    """The scorers of the model kinds in this process, on `device`: `model` (reward
+    models) and `judge` (LLM judges), each loading its models on first use."""
+    return {"model": ModelScorer(device, dtype), "judge": JudgeScorer(device, dtype)}
+
 
 @dataclass
 class _Parts:
     """One submitted batch with terms: its outer `Scoring`, and where each term's call went
-    (its batch, the index there) with the outer call, the weight and the term's label."""
+    (its kind's batch, the index there) with the outer call, the weight and the term's
+    label."""
 
     outer: Scoring
-    functions: Scoring | None = None
-    models: Scoring | None = None
-    routes: list[tuple[bool, int, int, float, str]] = field(default_factory=list)
-    """(a model term, index in that scorer's batch, outer index, weight, label)."""
+    kinds: dict[str, Scoring] = field(default_factory=dict)
+    """Each kind's batch of this batch's calls."""
+    routes: list[tuple[str, int, int, float, str]] = field(default_factory=list)
+    """(the term's kind, index in that kind's batch, outer index, weight, label)."""
 
     @property
     def ready(self) -> bool:
         """Whether every term's call has its outcome."""
-        return all(s is None or s.done for s in (self.functions, self.models))
+        return all(s.done for s in self.kinds.values())
 
     def combine(self) -> None:
         """Put each outer call's weighted sum (or its first failed term's reason)."""
         total = [0.0] * len(self.outer.calls)
         failed: dict[int, RewardOutcome] = {}
-        for is_model, index, outer, weight, label in self.routes:
-            part = self.models if is_model else self.functions
-            assert part is not None
-            outcome = part.outcomes[index]
+        for kind, index, outer, weight, label in self.routes:
+            outcome = self.kinds[kind].outcomes[index]
             assert outcome is not None
             if outcome.failed and outer not in failed:
                 failed[outer] = RewardOutcome(error=f"{label}: {outcome.error}"[:MESSAGE_CHARS],
-                                              timed_out=outcome.timed_out)
+                                              timed_out=outcome.timed_out,
+                                              unparseable=outcome.unparseable)
             total[outer] += weight * outcome.score
         for i, score in enumerate(total):
             self.outer.put(i, failed.get(i, RewardOutcome(score)))
@@ -59,13 +97,16 @@ class _Parts:
 
 class RewardMix:
     """A reward scorer that scores each call with its task's reward, whatever its terms:
-    functions in `functions` (the worker pool), reward models in `models`; it keeps the
-    `Scorer` promise (`explorer.protocols`): one outcome per call, in call order, a failure
-    scored 0 with its reason."""
+    functions in `functions` (the worker pool), every other kind of term in the scorer of
+    its kind (`scorers`, by default `local_scorers()`: on the CPU); it keeps the `Scorer`
+    promise (`explorer.protocols`): one outcome per call, in call order, a failure scored 0
+    with its reason."""
 
-    def __init__(self, functions: RewardPool, models: ModelScorer | None = None) -> None:
+    def __init__(self, functions: RewardPool,
+                 scorers: Mapping[str, KindScorer] | None = None) -> None:
         self.functions = functions
-        self.models = models or ModelScorer()
+        self.scorers: dict[str, KindScorer] = {**local_scorers(), **(scorers or {})}
+        """The scorer of each kind of term but `function` (`model`, `judge`)."""
         self._pending: list[_Parts] = []
 
     @property
@@ -73,39 +114,40 @@ class RewardMix:
         """Reward worker processes (the step metrics' `reward_workers`)."""
         return self.functions.size
 
+    def _scorer(self, kind: str) -> KindScorer:
+        return self.functions if kind == "function" else self.scorers[kind]
+
     def submit(self, calls: Sequence[RewardCall]) -> Scoring:
         """Queue `calls` and return their `Scoring` at once."""
         if not any(task.reward_terms for task, _ in calls):
             return self.functions.submit(calls)
         parts = _Parts(Scoring(calls))
-        function_calls: list[RewardCall] = []
-        model_calls: list[RewardCall] = []
+        queues: dict[str, list[RewardCall]] = {}
         for outer, (task, response) in enumerate(calls):
             if not task.reward_terms:
-                parts.routes.append((False, len(function_calls), outer, 1.0, task.reward))
-                function_calls.append((task, response))
+                queue = queues.setdefault("function", [])
+                parts.routes.append(("function", len(queue), outer, 1.0, task.reward))
+                queue.append((task, response))
                 continue
             for term in task.reward_terms:
-                is_model = isinstance(term, RewardModelSpec)
-                queue = model_calls if is_model else function_calls
-                parts.routes.append((is_model, len(queue), outer, term.weight,
+                queue = queues.setdefault(term.kind, [])
+                parts.routes.append((term.kind, len(queue), outer, term.weight,
                                      term_label(term)))
                 queue.append((term_task(task, term), response))
-        if function_calls:
-            parts.functions = self.functions.submit(function_calls)
-        if model_calls:
-            parts.models = self.models.submit(model_calls)
+        for kind, queue in queues.items():
+            parts.kinds[kind] = self._scorer(kind).submit(queue)
         self._pending.append(parts)
         self._settle()
         return parts.outer
 
     def pump(self, timeout: float | None = 0.0) -> None:
-        """Score queued model calls, move the function pool on (waiting up to `timeout`
-        only when no model work is left), then complete the batches whose terms are all
-        in."""
-        had_models = self.models.busy
-        self.models.pump()
-        self.functions.pump(0.0 if had_models else timeout)
+        """Move every kind's scorer on (the model kinds score what they hold, without
+        waiting), then the function pool (waiting up to `timeout` only when no other kind
+        had work), then complete the batches whose terms are all in."""
+        had_work = any(s.busy for s in self.scorers.values())
+        for scorer in self.scorers.values():
+            scorer.pump(0.0)
+        self.functions.pump(0.0 if had_work else timeout)
         self._settle()
 
     def _settle(self) -> None:
@@ -122,9 +164,10 @@ class RewardMix:
         return scoring.result()
 
     def close(self) -> None:
-        """Stop the pool's workers and drop the reward models."""
+        """Stop the pool's workers and every kind's scorer (dropping their models)."""
         self.functions.close()
-        self.models.close()
+        for scorer in self.scorers.values():
+            scorer.close()
 
     def __enter__(self) -> RewardMix:
         return self
@@ -133,22 +176,29 @@ class RewardMix:
         self.close()
 
 
-def score_in_process(task: Task, response: str, models: ModelScorer) -> float:
+def score_in_process(task: Task, response: str,
+                     scorers: Mapping[str, KindScorer] | None = None) -> float:
     """`task`'s reward of `response` computed here, without workers or time limit (held-out
-    evaluation): function terms called in this process, model terms scored by `models`
-    unnormalised (a z-score of one answer means nothing), weighted and summed. Raises what
-    a function raises, and `RuntimeError` with the reason when a model cannot score."""
+    evaluation): function terms called in this process, the other kinds scored by their
+    scorer in `scorers` (default `local_scorers()`, on the CPU; reward models unnormalised:
+    a z-score of one answer means nothing), weighted and summed. Raises what a function
+    raises, and `RuntimeError` with the reason when another term cannot score (a judge's
+    unparseable answer included)."""
     if not task.reward_terms:
         return call_reward(task, response)
+    scorers = scorers if scorers is not None else local_scorers()
     total = 0.0
     for term in task.reward_terms:
-        if isinstance(term, RewardModelSpec):
-            raw = term.model_copy(update={"normalize": "none"})
-            (outcome,) = models.score([(term_task(task, raw), response)])
-            if outcome.failed:
-                raise RuntimeError(f"{term_label(term)}: {outcome.error}")
-            total += term.weight * outcome.score
-        else:
+        if term.kind == "function":
             total += term.weight * call_reward(term_task(task, term), response)
+            continue
+        raw = term.model_copy(update={"normalize": "none"}) if term.kind == "model" else term
+        scorer = scorers[term.kind]
+        scoring = scorer.submit([(term_task(task, raw), response)])
+        while not scoring.done:
+            scorer.pump(None)
+        (outcome,) = scoring.result()
+        if outcome.failed:
+            raise RuntimeError(f"{term_label(term)}: {outcome.error}")
+        total += term.weight * outcome.score
     return total
-

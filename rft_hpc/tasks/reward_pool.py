@@ -82,6 +82,9 @@ class RewardOutcome:
     it timed out."""
     timed_out: bool = False
     """The call overran its time limit (its worker was killed)."""
+    unparseable: bool = False
+    """An LLM judge answered, but its parser found no score in the answer
+    (`tasks.judge_reward`): a failure counted apart as well (`judge_unparseable`)."""
 
     @property
     def failed(self) -> bool:

@@ -45,11 +45,11 @@ def call_reward(task: Task, response: str) -> float:
     """The task's reward of `response`, with the task's reward arguments (a weighted sum of
     functions: their weighted sum). Raises what a function raises, `TypeError` when one
     returns something that is not a finite number, and `ValueError` for a reward with a
-    reward model term (those score through `tasks.reward_mix`)."""
+    reward model or judge term (those score through `tasks.reward_mix`)."""
     if task.reward_terms:
         if uses_models(task):
-            raise ValueError(f"reward {task.reward} has a reward model term: reward models "
-                             "score through a model scorer (tasks.reward_mix), not here")
+            raise ValueError(f"reward {task.reward} has a reward model or judge term: those "
+                             "score through their model scorers (tasks.reward_mix), not here")
         return sum(t.weight * call_reward(term_task(task, t), response)
                    for t in task.reward_terms)
     value = resolve_reward(task.reward)(task, response, **task.reward_args)

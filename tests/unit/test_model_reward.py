@@ -154,7 +154,7 @@ def test_the_mix_sums_a_function_and_a_model_with_their_weights(chat_rm):
     calls = [(mixed, "4"), (mixed, "22"), (plain, "4"), (plain, "5")]
     raw = direct_scores(chat_rm, [(mixed, "4"), (mixed, "22")])
     with RewardMix(RewardPool(workers=1, timeout=60.0)) as mix:
-        assert isinstance(mix, Scorer) and isinstance(mix.models, Scorer)
+        assert isinstance(mix, Scorer) and isinstance(mix.scorers["model"], Scorer)
         outcomes = mix.score(calls)
         assert [o.score for o in outcomes] == pytest.approx(
             [0.5 + 2 * raw[0], 2 * raw[1], 1.0, 0.0], abs=1e-5)
@@ -184,6 +184,6 @@ def test_in_process_scoring_sums_the_raw_terms(chat_rm):
         RewardSpec(name="exact_match", weight=0.5),
         RewardModelSpec(model=chat_rm, weight=2.0, normalize="batch")))
     raw = direct_scores(chat_rm, [(task, "4")])[0]
-    assert score_in_process(task, "4", ModelScorer()) == pytest.approx(0.5 + 2 * raw,
+    assert score_in_process(task, "4", {"model": ModelScorer()}) == pytest.approx(0.5 + 2 * raw,
                                                                        abs=1e-5)
-    assert score_in_process(Task("p", "1+1=", "2"), "2", ModelScorer()) == 1.0
+    assert score_in_process(Task("p", "1+1=", "2"), "2", {"model": ModelScorer()}) == 1.0

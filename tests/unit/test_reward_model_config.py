@@ -67,7 +67,7 @@ def test_a_weighted_function_sum_is_called_in_process_and_a_model_is_not(rm):
         RewardSpec(name="exact_match", weight=0.5),
         RewardSpec(name="exact_match_with_format", weight=2.0)))
     assert call_reward(task, "2") == pytest.approx(0.5 + 2 * 1.1)
-    with pytest.raises(ValueError, match="reward models score through a model scorer"):
+    with pytest.raises(ValueError, match="score through their model scorers"):
         call_reward(Task("t", "1+1=", "2", reward_terms=(RewardModelSpec(model=rm),)), "2")
 
 
@@ -131,8 +131,8 @@ def test_a_task_sets_model_and_a_multi_turn_run_are_refused_at_their_keys(tmp_pa
     config = write(tmp_path, f"{{model: {rm}}}",
                    "explorer:\n  workflow: {type: multi_turn, env: x.y:Env}\n")
     (problem,) = problems(config)
-    assert problem.endswith("tasks.reward: reward models score in the explorer's "
-                            "single-turn workflow only; this run uses "
+    assert problem.endswith("tasks.reward: reward models and judges score in the "
+                            "explorer's single-turn workflow only; this run uses "
                             "explorer.workflow.type multi_turn")
 
 

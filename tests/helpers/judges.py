@@ -1,0 +1,73 @@
+"""A tiny LLM judge built locally: a two-layer Mistral chat model of `rft-hpc model init`,
+fine-tuned here with plain-torch SFT steps to answer `Score: <c>` to the rubric
+`Rate: <response>`, where `<c>` is the response's last character (its template's `Rate: `
+space for an empty response). Mistral's template is the shortest: 320 steps teach it this
+in 14 s on one core (60 answers of 60 right), where Qwen2's, with its system prompt, took
+30 s for 260 (measured 2026-12-07). Responses from the arithmetic alphabet then give
+answers the `number` parser reads (`Score: 7`) and answers it cannot (`Score: +`), a
+deterministic mix that a test can recompute with a plain greedy `generate`."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+from rft_hpc.models.tiny import ARITHMETIC_ALPHABET
+
+JUDGE_TEMPLATE = "Rate: {response}"
+"""The rubric the judge is trained on."""
+
+SFT_STEPS = 320
+SFT_BATCH = 24
+
+
+def judge_rubric_answer(response: str) -> str:
+    """What the trained judge answers to `JUDGE_TEMPLATE` filled in with `response`."""
+    return f"Score: {(JUDGE_TEMPLATE.format(response=response))[-1]}"
+
+
+def tiny_judge(folder: Path, *, seed: int = 0) -> Path:
+    """The trained tiny judge in `folder` (built once): a Hugging Face causal LM folder
+    with its chat tokenizer."""
+    if (folder / "config.json").is_file():
+        return folder
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from rft_hpc.models.tiny import TinyModelSpec, init_tiny_model
+
+    base = folder.with_name(folder.name + "-base")
+    init_tiny_model(base, TinyModelSpec(arch="mistral", num_layers=2, seed=seed))
+    tokenizer = AutoTokenizer.from_pretrained(str(base), local_files_only=True)
+    model = AutoModelForCausalLM.from_pretrained(str(base), local_files_only=True)
+    rng = random.Random(seed)
+    torch.manual_seed(seed)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    model.train()
+    for _ in range(SFT_STEPS):
+        rows = []
+        for _ in range(SFT_BATCH):
+            response = "".join(rng.choice(ARITHMETIC_ALPHABET)
+                               for _ in range(rng.randint(0, 4)))
+            prompt = tokenizer.apply_chat_template(
+                [{"role": "user", "content": JUDGE_TEMPLATE.format(response=response)}],
+                tokenize=False, add_generation_prompt=True)
+            rows.append((tokenizer(prompt, add_special_tokens=False)["input_ids"],
+                         tokenizer(judge_rubric_answer(response) + tokenizer.eos_token,
+                                   add_special_tokens=False)["input_ids"]))
+        width = max(len(p) + len(a) for p, a in rows)
+        ids = torch.zeros((len(rows), width), dtype=torch.long)
+        labels = torch.full((len(rows), width), -100)
+        mask = torch.zeros((len(rows), width), dtype=torch.long)
+        for i, (prompt, answer) in enumerate(rows):
+            n = len(prompt) + len(answer)
+            ids[i, :n] = torch.tensor(prompt + answer)
+            labels[i, len(prompt):n] = torch.tensor(answer)
+            mask[i, :n] = 1
+        loss = model(input_ids=ids, attention_mask=mask, labels=labels).loss
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    model.save_pretrained(str(folder))
+    tokenizer.save_pretrained(str(folder))
+    return folder
