@@ -20,7 +20,7 @@ from rft_hpc.config.rewards import RewardSpec
 from rft_hpc.config.schema import EvalConfig
 from rft_hpc.engines.protocol import InferenceEngine
 from rft_hpc.tasks.model_reward import engine_device
-from rft_hpc.tasks.reward_mix import local_scorers, score_in_process
+from rft_hpc.tasks.reward_mix import local_scorers, scores_in_process
 from rft_hpc.tasks.reward_terms import term_task
 from rft_hpc.tasks.rewards import call_reward
 from rft_hpc.tasks.task import Task
@@ -93,12 +93,12 @@ def score_tasks(engine: InferenceEngine, tasks: Sequence[Task], *, k: int, n: in
 
     models = local_scorers(engine_device())  # reward models, judges: loaded when used
 
-    def score(task: Task, text: str) -> float:
-        try:
-            return score_in_process(task, text, models)
-        except Exception:  # a user's reward that fails on one answer: that answer scores 0
-            errors[0] += 1
-            return 0.0
+    def scores(calls: list[tuple[Task, str]]) -> list[float]:
+        """The calls' rewards, a chunk's reward models and judges in batches; a reward that
+        fails on one answer scores it 0 and is counted."""
+        out = scores_in_process(calls, models)
+        errors[0] += sum(isinstance(x, Exception) for x in out)
+        return [0.0 if isinstance(x, Exception) else x for x in out]
 
     golds: list[float] = []
     sample_golds: list[list[float]] = []
@@ -123,14 +123,17 @@ def score_tasks(engine: InferenceEngine, tasks: Sequence[Task], *, k: int, n: in
         # chunk's prompts redraw an earlier chunk's samples, equal prompts the same texts)
         drawn = engine.generate(prompts, n=n, max_new_tokens=max_new_tokens,
                                 temperature=temperature, seed=seed + i * n) if n else best
+        rewards = iter(scores([(task, text) for task, one, group in zip(chunk, best, drawn,
+                                                                        strict=True)
+                               for text in [one[0].text, *(c.text for c in group if n)]]))
         for task, one, group in zip(chunk, best, drawn, strict=True):
-            greedy.append(score(task, one[0].text))
+            greedy.append(next(rewards))
             row = {"task_id": task.task_id, "answer": one[0].text, "reward": greedy[-1]}
             if gold is not None:
                 golds.append(gold_score(task, one[0].text))
                 row["gold"] = golds[-1]
             if n:
-                samples.append([score(task, c.text) for c in group])
+                samples.append([next(rewards) for _ in group])
                 row.update(samples=[c.text for c in group], sample_rewards=samples[-1])
                 if gold is not None:
                     sample_golds.append([gold_score(task, c.text) for c in group])

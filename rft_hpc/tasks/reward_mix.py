@@ -21,6 +21,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
+from rft_hpc.config.rewards import AnyRewardSpec
 from rft_hpc.tasks.judge_reward import JudgeScorer
 from rft_hpc.tasks.model_reward import ModelScorer
 from rft_hpc.tasks.reward_pool import MESSAGE_CHARS, RewardCall, RewardOutcome, RewardPool, Scoring
@@ -178,27 +179,57 @@ class RewardMix:
 
 def score_in_process(task: Task, response: str,
                      scorers: Mapping[str, KindScorer] | None = None) -> float:
-    """`task`'s reward of `response` computed here, without workers or time limit (held-out
-    evaluation): function terms called in this process, the other kinds scored by their
-    scorer in `scorers` (default `local_scorers()`, on the CPU; reward models unnormalised:
-    a z-score of one answer means nothing), weighted and summed. Raises what a function
-    raises, and `RuntimeError` with the reason when another term cannot score (a judge's
-    unparseable answer included)."""
-    if not task.reward_terms:
-        return call_reward(task, response)
+    """`task`'s reward of `response` computed here (`scores_in_process` of one call). Raises
+    what a function raises, and `RuntimeError` with the reason when another term cannot
+    score (a judge's unparseable answer included)."""
+    (outcome,) = scores_in_process([(task, response)], scorers)
+    if isinstance(outcome, BaseException):
+        raise outcome
+    return outcome
+
+
+def scores_in_process(calls: Sequence[RewardCall],
+                      scorers: Mapping[str, KindScorer] | None = None,
+                      ) -> list[float | Exception]:
+    """Each call's reward computed here, without workers or time limit (held-out
+    evaluation), in call order: function terms called in this process, the other kinds
+    submitted to their scorer in `scorers` (default `local_scorers()`, on the CPU) all
+    together, so that a reward model or judge scores them in batched forwards; reward
+    models unnormalised (a z-score of held-out answers would hide what moved), weighted and
+    summed. A call whose function raises gets that exception in its place, one whose other
+    term cannot score a `RuntimeError` with the reason (a judge's unparseable answer
+    included)."""
     scorers = scorers if scorers is not None else local_scorers()
-    total = 0.0
-    for term in task.reward_terms:
-        if term.kind == "function":
-            total += term.weight * call_reward(term_task(task, term), response)
-            continue
-        raw = term.model_copy(update={"normalize": "none"}) if term.kind == "model" else term
-        scorer = scorers[term.kind]
-        scoring = scorer.submit([(term_task(task, raw), response)])
+    totals: list[float | Exception] = [0.0] * len(calls)
+    queued: dict[str, list[tuple[int, AnyRewardSpec, RewardCall]]] = {}
+    for i, (task, response) in enumerate(calls):
+        for term in task.reward_terms or (None,):
+            if term is not None and term.kind != "function":
+                raw = term.model_copy(update={"normalize": "none"}) \
+                    if term.kind == "model" else term
+                queued.setdefault(term.kind, []).append((i, term,
+                                                         (term_task(task, raw), response)))
+                continue
+            try:
+                score = (call_reward(task, response) if term is None else
+                         term.weight * call_reward(term_task(task, term), response))
+            except Exception as exc:  # this call's reward is that failure
+                totals[i] = exc
+                continue
+            _add(totals, i, score)
+    for kind, items in queued.items():
+        scorer = scorers[kind]
+        scoring = scorer.submit([call for _, _, call in items])
         while not scoring.done:
             scorer.pump(None)
-        (outcome,) = scoring.result()
-        if outcome.failed:
-            raise RuntimeError(f"{term_label(term)}: {outcome.error}")
-        total += term.weight * outcome.score
-    return total
+        for (i, term, _), outcome in zip(items, scoring.result(), strict=True):
+            _add(totals, i, RuntimeError(f"{term_label(term)}: {outcome.error}")
+                 if outcome.failed else term.weight * outcome.score)
+    return totals
+
+
+def _add(totals: list[float | Exception], i: int, part: float | Exception) -> None:
+    """Add `part` to call `i`'s total; its first failure stays its outcome."""
+    total = totals[i]
+    if not isinstance(total, Exception):
+        totals[i] = part if isinstance(part, Exception) else total + part
