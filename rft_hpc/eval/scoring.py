@@ -18,6 +18,7 @@ from typing import Any
 
 from rft_hpc.config.rewards import RewardSpec
 from rft_hpc.config.schema import EvalConfig
+from rft_hpc.engines.judge import judge_loaders
 from rft_hpc.engines.protocol import InferenceEngine
 from rft_hpc.tasks.model_reward import engine_device
 from rft_hpc.tasks.reward_mix import local_scorers, scores_in_process
@@ -91,7 +92,8 @@ def score_tasks(engine: InferenceEngine, tasks: Sequence[Task], *, k: int, n: in
     samples: list[list[float]] = []
     errors = [0]
 
-    models = local_scorers(engine_device())  # reward models, judges: loaded when used
+    # reward models, judges: loaded when used
+    models = local_scorers(engine_device(), judge_loaders=judge_loaders())
 
     def scores(calls: list[tuple[Task, str]]) -> list[float]:
         """The calls' rewards, a chunk's reward models and judges in batches; a reward that

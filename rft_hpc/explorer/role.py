@@ -30,6 +30,7 @@ from rft_hpc.core.json_types import JSONValue
 from rft_hpc.core.retry import io_metrics
 from rft_hpc.core.rundir import RunDir
 from rft_hpc.engines import build_engine
+from rft_hpc.engines.judge import judge_loaders
 from rft_hpc.engines.protocol import StreamingEngine
 from rft_hpc.explorer.multiturn import TurnSettings
 from rft_hpc.explorer.overrollout import MultiTurnExplorer
@@ -101,7 +102,7 @@ def single_turn_workflow(config: ExperimentConfig, run: RunDir, role: str,
     cfg = config.explorer
     workers, cores = reward_worker_bounds(cfg.reward_workers)
     pool = RewardPool(workers, cfg.reward_timeout, cores=cores)  # starts while the model loads
-    rewards = RewardMix(pool, local_scorers(engine_device()))
+    rewards = RewardMix(pool, local_scorers(engine_device(), judge_loaders=judge_loaders()))
     failures = RewardFailures(cfg.reward_failure_limit)
     try:
         engine = start_engine()

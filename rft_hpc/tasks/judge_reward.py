@@ -3,7 +3,9 @@ response, answers greedily, and a parser turns its answer into the score.
 
 `JudgeScorer` is a reward `Scorer` (`explorer.protocols`): `submit` queues calls, `pump`
 judges what is queued, one batched greedy generation per judge folder and up to the term's
-`batch_size` calls at a time, on the explorer's own device. Each call's task names its
+`batch_size` calls at a time, on the explorer's own device: with transformers (`Judge`), or
+with `engine: vllm` a vLLM engine of its own (`engines.judge.VLLMJudge`, a loader the role
+passes in). Each call's task names its
 judge (`reward_terms.sole_term`). What the judge reads is `judge_text`: the term's
 `template` with `{prompt}`, `{response}` and `{answer}` filled in (`rubric`), as a user
 message in the judge tokenizer's chat template with its generation prompt, or the rubric
@@ -24,9 +26,9 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from rft_hpc.config.rewards import BUILTIN_PARSERS, JudgeSpec
 from rft_hpc.core.plugins import import_callable
@@ -135,9 +137,22 @@ class Judge:
         return [self.tokenizer.decode(row[start:], skip_special_tokens=True) for row in out]
 
 
-def _batch_key(spec: JudgeSpec) -> tuple[Path, int, int]:
+class JudgeModel(Protocol):
+    """A loaded judge: its greedy answers to rubrics (`Judge`: transformers; the vLLM one:
+    `engines.judge.VLLMJudge`)."""
+
+    def answers(self, rubrics: Sequence[str], max_new_tokens: int) -> list[str]:
+        """The judge's greedy answer to each rubric, in one batched generation."""
+        ...
+
+
+JudgeLoader = Callable[[JudgeSpec, str], JudgeModel]
+"""Loads the judge of a term on a device (`JudgeSpec.engine` picks the loader)."""
+
+
+def _batch_key(spec: JudgeSpec) -> tuple[Path, str, int, int]:
     """What calls judged in one generation share (their rubrics and parsers may differ)."""
-    return spec.judge, spec.max_new_tokens, spec.batch_size
+    return spec.judge, spec.engine, spec.max_new_tokens, spec.batch_size
 
 
 class JudgeScorer:
@@ -145,16 +160,21 @@ class JudgeScorer:
     generations on `device` (the explorer's); judges load on first use. Its scores are the
     parsed answers, unweighted (`tasks.reward_mix` weighs and sums the terms)."""
 
-    def __init__(self, device: str = "cpu", dtype: torch.dtype | None = None) -> None:
+    def __init__(self, device: str = "cpu", dtype: torch.dtype | None = None,
+                 loaders: Mapping[str, JudgeLoader] | None = None) -> None:
         self.device, self.dtype = device, dtype
-        self._judges: dict[Path, Judge | str] = {}
-        """Each folder's loaded judge, or why it failed to load."""
+        self.loaders: dict[str, JudgeLoader] = {
+            "hf": lambda spec, device: Judge(spec.judge, device, dtype), **(loaders or {})}
+        """The loader of each `JudgeSpec.engine` (vLLM's comes from the role: it lives
+        above this layer, `engines.judge`)."""
+        self._judges: dict[tuple[Path, str], JudgeModel | str] = {}
+        """Each (folder, engine)'s loaded judge, or why it failed to load."""
         self._todo: deque[tuple[Scoring, int, JudgeSpec]] = deque()
 
     @property
     def size(self) -> int:
         """Judges loaded."""
-        return sum(isinstance(j, Judge) for j in self._judges.values())
+        return sum(not isinstance(j, str) for j in self._judges.values())
 
     @property
     def busy(self) -> bool:
@@ -186,23 +206,26 @@ class JudgeScorer:
             batch: list[tuple[Scoring, int, JudgeSpec]] = []
             rest: deque[tuple[Scoring, int, JudgeSpec]] = deque()
             for item in self._todo:
-                (batch if len(batch) < key[2] and _batch_key(item[2]) == key
+                (batch if len(batch) < key[3] and _batch_key(item[2]) == key
                  else rest).append(item)
             self._todo = rest
-            self._judge_batch(key[0], key[1], batch)
+            self._judge_batch(batch[0][2], batch)
 
-    def _judge(self, folder: Path) -> Judge | str:
-        if folder not in self._judges:
+    def _judge(self, spec: JudgeSpec) -> JudgeModel | str:
+        key = (spec.judge, spec.engine)
+        if key not in self._judges:
             try:
-                self._judges[folder] = Judge(folder, self.device, self.dtype)
+                if spec.engine not in self.loaders:
+                    raise RuntimeError(f"engine {spec.engine} judges are not run here")
+                self._judges[key] = self.loaders[spec.engine](spec, self.device)
             except Exception as exc:  # every call of it then fails with this reason
-                self._judges[folder] = (f"judge {folder} failed to load: "
-                                        f"{type(exc).__name__}: {exc}")[:MESSAGE_CHARS]
-        return self._judges[folder]
+                self._judges[key] = (f"judge {spec.judge} failed to load: "
+                                     f"{type(exc).__name__}: {exc}")[:MESSAGE_CHARS]
+        return self._judges[key]
 
-    def _judge_batch(self, folder: Path, max_new_tokens: int,
+    def _judge_batch(self, first: JudgeSpec,
                      batch: list[tuple[Scoring, int, JudgeSpec]]) -> None:
-        judge = self._judge(folder)
+        judge, max_new_tokens = self._judge(first), first.max_new_tokens
         try:
             if isinstance(judge, str):
                 raise RuntimeError(judge)
@@ -219,5 +242,9 @@ class JudgeScorer:
             scoring.put(index, parse_answer(spec, answer))
 
     def close(self) -> None:
-        """Drop the loaded judges."""
+        """Stop the judges that run engines of their own and drop them all."""
+        for judge in self._judges.values():
+            close = getattr(judge, "close", None)
+            if close is not None:
+                close()
         self._judges.clear()

