@@ -76,6 +76,7 @@ CHECKS: list[Check] = [
     Check("vllm_engine", "vllm_check.py", 300, args=("--eager",), needs=("vllm",)),
     Check("grpo_qwen05b_lora", "grpo_check.py", 150, args=("--lora", "16"), needs=("peft",)),
     Check("reward_model_scoring", "reward_check.py", 90),
+    Check("judge_vllm", "reward_check.py", 150, args=("--judge",), needs=("vllm",)),
 ]
 
 CORE_MODULES = ("numpy", "torch", "h5py", "pydantic", "yaml", "typer", "rich",

@@ -2,7 +2,7 @@
 a bare batched forward of the same model on the same batch.
 
     python3 tools/device/reward_check.py [--shape auto|qwen2.5-0.5b|tiny] [--batch 32]
-        [--words 120] [--reps 10]
+        [--words 120] [--reps 10] [--judge]
 
 Self-contained, nothing from a hub: builds a randomly initialised Qwen2 model of
 Qwen2.5-0.5B's shape (tools/device/grpo_check.py's `build_model`; `--shape tiny`, what
@@ -16,6 +16,12 @@ models run on (`engine_device`: the GPU when there is one, in bf16):
 and prints `RESULT {"ok": ..., "tokens_per_s": ..., "bare_tokens_per_s": ...,
 "ratio": ..., ...}`. ok: every score finite, the scorer's scores equal the bare forward's
 (to bf16's precision) and the ratio is >= 0.8.
+
+`--judge`: instead, the same random model as an LLM judge on vLLM (`engine: vllm`, the
+judge scorer the explorer runs judge terms through): `--batch` rubrics with the same
+responses, answered greedily (16 tokens each), timed as above; `RESULT {"ok": ...,
+"judge_answers_per_s": ..., "unparseable": ...}`. ok: every call got an outcome and none
+failed but as unparseable (a random judge's answers mostly are).
 """
 
 from __future__ import annotations
@@ -139,14 +145,51 @@ def reward_check(args: argparse.Namespace) -> dict:
             "ratio": round(ratio, 3), "max_score_difference": agree, **figures}
 
 
+def judge_check(args: argparse.Namespace) -> dict:
+    from rft_hpc.config.rewards import JudgeSpec
+    from rft_hpc.config.vllm import VLLMConfig
+    from rft_hpc.engines.judge import judge_loaders
+    from rft_hpc.tasks.judge_reward import JudgeScorer
+    from rft_hpc.tasks.model_reward import engine_device
+
+    device = engine_device()
+    shape = args.shape if args.shape != "auto" else (
+        "qwen2.5-0.5b" if device == "cuda" else "tiny")
+    with tempfile.TemporaryDirectory(prefix="judge-check-") as tmp:
+        base = Path(tmp) / "judge"
+        figures = build_model(base, shape, device)
+        spec = JudgeSpec(judge=base, template="Rate from 0 to 9: {response}\nScore:",
+                         engine="vllm", batch_size=args.batch,
+                         vllm=VLLMConfig(gpu_memory_utilization=0.5, enforce_eager=True,
+                                         kv_cache_gb=None if device == "cuda" else 0.25))
+        batch = [(replace(task, reward_terms=(spec,)), response)
+                 for task, response in calls(base, args.batch, args.words)]
+        scorer = JudgeScorer(device, loaders=judge_loaders())
+        outcomes: list = []
+        try:
+            t0 = time.perf_counter()
+            scorer.score(batch)  # loads the engine
+            load_s = time.perf_counter() - t0
+            (seconds,) = timed([lambda: outcomes.extend(scorer.score(batch))], args.reps)
+        finally:
+            scorer.close()
+    other = [o.error for o in outcomes if o.failed and not o.unparseable]
+    return {"ok": not other and len(outcomes) == args.batch * (args.reps + 1),
+            "device": device, "shape": shape, "batch": args.batch,
+            "judge_answers_per_s": round(args.batch / seconds, 1),
+            "unparseable": sum(o.unparseable for o in outcomes), "load_s": round(load_s, 1),
+            "errors": other[:3], **figures}
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--shape", default="auto", choices=("auto", "qwen2.5-0.5b", "tiny"))
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--words", type=int, default=120)
     parser.add_argument("--reps", type=int, default=10)
+    parser.add_argument("--judge", action="store_true", help="an LLM judge on vLLM instead")
     args = parser.parse_args()
-    result = reward_check(args)
+    result = judge_check(args) if args.judge else reward_check(args)
     print("RESULT " + json.dumps(result))
     return 0 if result["ok"] else 1
 
