@@ -6,7 +6,7 @@ judges what is queued, one batched greedy generation per judge folder and up to 
 `batch_size` calls at a time, on the explorer's own device: with transformers (`Judge`), or
 with `engine: vllm` a vLLM engine of its own (`engines.judge.VLLMJudge`, a loader the role
 passes in). Each call's task names its
-judge (`reward_terms.sole_term`). What the judge reads is `judge_text`: the term's
+judge (`tasks.batched_scorer`). What the judge reads is `judge_text`: the term's
 `template` with `{prompt}`, `{response}` and `{answer}` filled in (`rubric`), as a user
 message in the judge tokenizer's chat template with its generation prompt, or the rubric
 as it is when the tokenizer has none. Batches are padded on the left (generation appends
@@ -25,15 +25,14 @@ judge that fails to load every call of it, as a raising reward model does.
 from __future__ import annotations
 
 import math
-from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from rft_hpc.config.rewards import BUILTIN_PARSERS, JudgeSpec
 from rft_hpc.core.plugins import import_callable
-from rft_hpc.tasks.reward_pool import MESSAGE_CHARS, RewardCall, RewardOutcome, Scoring
-from rft_hpc.tasks.reward_terms import sole_term
+from rft_hpc.tasks.batched_scorer import BatchedScorer, Queued
+from rft_hpc.tasks.reward_pool import MESSAGE_CHARS, RewardOutcome
 from rft_hpc.tasks.task import Task
 
 if TYPE_CHECKING:
@@ -150,101 +149,41 @@ JudgeLoader = Callable[[JudgeSpec, str], JudgeModel]
 """Loads the judge of a term on a device (`JudgeSpec.engine` picks the loader)."""
 
 
-def _batch_key(spec: JudgeSpec) -> tuple[Path, str, int, int]:
-    """What calls judged in one generation share (their rubrics and parsers may differ)."""
-    return spec.judge, spec.engine, spec.max_new_tokens, spec.batch_size
-
-
-class JudgeScorer:
+class JudgeScorer(BatchedScorer[JudgeSpec]):
     """Scores calls with the LLM judge each call's task names, in batched greedy
     generations on `device` (the explorer's); judges load on first use. Its scores are the
     parsed answers, unweighted (`tasks.reward_mix` weighs and sums the terms)."""
 
+    term_class = JudgeSpec
+
     def __init__(self, device: str = "cpu", dtype: torch.dtype | None = None,
                  loaders: Mapping[str, JudgeLoader] | None = None) -> None:
+        super().__init__()
         self.device, self.dtype = device, dtype
         self.loaders: dict[str, JudgeLoader] = {
             "hf": lambda spec, device: Judge(spec.judge, device, dtype), **(loaders or {})}
         """The loader of each `JudgeSpec.engine` (vLLM's comes from the role: it lives
         above this layer, `engines.judge`)."""
-        self._judges: dict[tuple[Path, str], JudgeModel | str] = {}
-        """Each (folder, engine)'s loaded judge, or why it failed to load."""
-        self._todo: deque[tuple[Scoring, int, JudgeSpec]] = deque()
 
-    @property
-    def size(self) -> int:
-        """Judges loaded."""
-        return sum(not isinstance(j, str) for j in self._judges.values())
+    def batch_key(self, term: JudgeSpec) -> tuple[tuple[Path, str], int, int]:
+        """What calls judged in one generation share (their rubrics and parsers may
+        differ): the judge (folder, engine), the answer length, the batch size."""
+        return (term.judge, term.engine), term.max_new_tokens, term.batch_size
 
-    @property
-    def busy(self) -> bool:
-        """Whether calls are queued."""
-        return bool(self._todo)
-
-    def submit(self, calls: Sequence[RewardCall]) -> Scoring:
-        """Queue `calls` (each task scored by one judge) and return their `Scoring` at
-        once; a call whose task has no judge term alone scores 0 with why."""
-        scoring = Scoring(calls)
-        for index, (task, _) in enumerate(scoring.calls):
-            try:
-                self._todo.append((scoring, index, sole_term(task, JudgeSpec)))
-            except ValueError as exc:
-                scoring.put(index, RewardOutcome(error=f"ValueError: {exc}"[:MESSAGE_CHARS]))
-        return scoring
-
-    def score(self, calls: Sequence[RewardCall]) -> list[RewardOutcome]:
-        """Each call's outcome, in the order of `calls`."""
-        scoring = self.submit(calls)
-        self.pump()
-        return scoring.result()
-
-    def pump(self, timeout: float | None = 0.0) -> None:
-        """Judge every queued call, judge by judge in batches of up to the term's
-        `batch_size` (a generation is not interrupted: `timeout` is not waited for)."""
-        while self._todo:
-            key = _batch_key(self._todo[0][2])
-            batch: list[tuple[Scoring, int, JudgeSpec]] = []
-            rest: deque[tuple[Scoring, int, JudgeSpec]] = deque()
-            for item in self._todo:
-                (batch if len(batch) < key[3] and _batch_key(item[2]) == key
-                 else rest).append(item)
-            self._todo = rest
-            self._judge_batch(batch[0][2], batch)
-
-    def _judge(self, spec: JudgeSpec) -> JudgeModel | str:
-        key = (spec.judge, spec.engine)
-        if key not in self._judges:
-            try:
-                if spec.engine not in self.loaders:
-                    raise RuntimeError(f"engine {spec.engine} judges are not run here")
-                self._judges[key] = self.loaders[spec.engine](spec, self.device)
-            except Exception as exc:  # every call of it then fails with this reason
-                self._judges[key] = (f"judge {spec.judge} failed to load: "
-                                     f"{type(exc).__name__}: {exc}")[:MESSAGE_CHARS]
-        return self._judges[key]
-
-    def _judge_batch(self, first: JudgeSpec,
-                     batch: list[tuple[Scoring, int, JudgeSpec]]) -> None:
-        judge, max_new_tokens = self._judge(first), first.max_new_tokens
+    def load(self, term: JudgeSpec) -> JudgeModel:
+        """The judge `term` names, with the loader of its engine."""
         try:
-            if isinstance(judge, str):
-                raise RuntimeError(judge)
-            rubrics = [rubric(spec.template, *scoring.calls[index])
-                       for scoring, index, spec in batch]
-            answers = judge.answers(rubrics, max_new_tokens)
-        except Exception as exc:  # the batch's calls score 0 and say why; the next go on
-            error = (str(exc) if isinstance(judge, str)
-                     else f"{type(exc).__name__}: {exc}")[:MESSAGE_CHARS]
-            for scoring, index, _ in batch:
-                scoring.put(index, RewardOutcome(error=error))
-            return
+            if term.engine not in self.loaders:
+                raise RuntimeError(f"engine {term.engine} judges are not run here")
+            return self.loaders[term.engine](term, self.device)
+        except Exception as exc:
+            raise RuntimeError(f"judge {term.judge} failed to load: "
+                               f"{type(exc).__name__}: {exc}") from exc
+
+    def score_batch(self, model: JudgeModel, batch: list[Queued]) -> None:
+        """Each call's parsed answer, from one batched generation."""
+        first: JudgeSpec = batch[0][2]
+        answers = model.answers([rubric(spec.template, *scoring.calls[index])
+                                 for scoring, index, spec in batch], first.max_new_tokens)
         for (scoring, index, spec), answer in zip(batch, answers, strict=True):
             scoring.put(index, parse_answer(spec, answer))
-
-    def close(self) -> None:
-        """Stop the judges that run engines of their own and drop them all."""
-        for judge in self._judges.values():
-            close = getattr(judge, "close", None)
-            if close is not None:
-                close()
-        self._judges.clear()

@@ -3,7 +3,7 @@ scores prompt and response together, in batches, on the explorer's own device.
 
 `ModelScorer` is a reward `Scorer` (`explorer.protocols`): `submit` queues calls, `pump`
 scores what is queued, one batched forward per reward model and up to its `batch_size`
-calls at a time. Each call's task names its model (`reward_terms.model_term`). The text a
+calls at a time (`tasks.batched_scorer`). Each call's task names its model. The text a
 model reads is `model_text`: with the model tokenizer's own chat template, the prompt with
 the generation prompt, the response and the end-of-turn token (the sequence a reward-model
 stage trains on), else the raw prompt followed by the response; batches are padded
@@ -21,16 +21,15 @@ a score that is not finite (that call alone).
 from __future__ import annotations
 
 import math
-from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from rft_hpc.config.rewards import RewardModelSpec
+from rft_hpc.tasks.batched_scorer import BatchedScorer, Queued
 from rft_hpc.tasks.prompts import end_of_turn_id
-from rft_hpc.tasks.reward_pool import MESSAGE_CHARS, RewardCall, RewardOutcome, Scoring
-from rft_hpc.tasks.reward_terms import model_term
+from rft_hpc.tasks.reward_pool import RewardCall, RewardOutcome
 from rft_hpc.tasks.task import Task
 
 if TYPE_CHECKING:
@@ -124,11 +123,6 @@ def normalized(scores: Sequence[float], how: str, moments: RunningMoments) -> li
     return zscore(scores, moments.mean, moments.std)
 
 
-def _batch_key(spec: RewardModelSpec) -> tuple[Path, str, int]:
-    """What calls scored in one batch share (their weights may differ)."""
-    return spec.model, spec.normalize, spec.batch_size
-
-
 class RewardModel:
     """One reward model folder loaded on `device`: its tokenizer and its classifier."""
 
@@ -179,109 +173,45 @@ class RewardModel:
         return [float(x) for x in logits[:, 0].float().cpu()]
 
 
-class ModelScorer:
+class ModelScorer(BatchedScorer[RewardModelSpec]):
     """Scores calls with the reward model each call's task names, in batched forwards on
     `device` (the explorer's); models load on first use. Its scores are each model's
     normalised outputs, unweighted (`tasks.reward_mix` weighs and sums the terms)."""
 
+    term_class = RewardModelSpec
+
     def __init__(self, device: str = "cpu", dtype: torch.dtype | None = None) -> None:
+        super().__init__()
         self.device, self.dtype = device, dtype
-        self._models: dict[Path, RewardModel | str] = {}
-        """Each folder's loaded model, or why it failed to load."""
         self._moments: dict[Path, RunningMoments] = {}
-        self._todo: deque[tuple[Scoring, int]] = deque()
 
-    @property
-    def size(self) -> int:
-        """Reward models loaded."""
-        return sum(isinstance(m, RewardModel) for m in self._models.values())
+    def batch_key(self, term: RewardModelSpec) -> tuple[Path | None, str, int]:
+        """What calls scored in one batch share (their weights may differ)."""
+        return term.model, term.normalize, term.batch_size
 
-    @property
-    def busy(self) -> bool:
-        """Whether calls are queued."""
-        return bool(self._todo)
-
-    def submit(self, calls: Sequence[RewardCall]) -> Scoring:
-        """Queue `calls` (each task scored by one reward model) and return their `Scoring`
-        at once."""
-        scoring = Scoring(calls)
-        self._todo.extend((scoring, i) for i in range(len(scoring.calls)))
-        return scoring
-
-    def score(self, calls: Sequence[RewardCall]) -> list[RewardOutcome]:
-        """Each call's outcome, in the order of `calls`."""
-        scoring = self.submit(calls)
-        self.pump()
-        return scoring.result()
-
-    def pump(self, timeout: float | None = 0.0) -> None:
-        """Score every queued call, model by model in batches of up to the model's
-        `batch_size` (a forward is not interrupted: `timeout` is not waited for)."""
-        while self._todo:
-            first = self._todo[0]
-            spec = self._spec(first)
-            if spec is None:
-                continue
-            batch = [first]
-            rest: deque[tuple[Scoring, int]] = deque()
-            self._todo.popleft()
-            while self._todo:
-                item = self._todo.popleft()
-                other = self._spec(item, queued=False)
-                same = (len(batch) < spec.batch_size and other is not None
-                        and _batch_key(other) == _batch_key(spec))
-                (batch if same else rest).append(item)
-            self._todo = rest
-            self._score_batch(spec, batch)
-
-    def _spec(self, item: tuple[Scoring, int], queued: bool = True,
-              ) -> RewardModelSpec | None:
-        """The model term of a queued call; None when its task has none (that call is then
-        scored 0 with why, and taken off the queue when `queued`)."""
-        scoring, index = item
+    def load(self, term: RewardModelSpec) -> RewardModel:
+        """The reward model `term` names, on this scorer's device."""
+        if term.model is None:  # config.schema resolves stage references for later stages
+            raise RuntimeError("a reward model named by its stage is scored by the stages "
+                               "after it only")
         try:
-            return model_term(scoring.calls[index][0])
-        except ValueError as exc:
-            if queued:
-                self._todo.popleft()
-                scoring.put(index, RewardOutcome(error=f"ValueError: {exc}"[:MESSAGE_CHARS]))
-            return None
+            return RewardModel(term.model, self.device, self.dtype)
+        except Exception as exc:
+            raise RuntimeError(f"reward model {term.model} failed to load: "
+                               f"{type(exc).__name__}: {exc}") from exc
 
-    def _model(self, folder: Path | None) -> RewardModel | str:
-        if folder is None:  # config.schema resolves stage references for later stages only
-            return "a reward model named by its stage is scored by the stages after it only"
-        if folder not in self._models:
-            try:
-                self._models[folder] = RewardModel(folder, self.device, self.dtype)
-            except Exception as exc:  # every call of it then fails with this reason
-                self._models[folder] = (f"reward model {folder} failed to load: "
-                                        f"{type(exc).__name__}: {exc}")[:MESSAGE_CHARS]
-        return self._models[folder]
-
-    def _score_batch(self, spec: RewardModelSpec, batch: list[tuple[Scoring, int]]) -> None:
-        model = self._model(spec.model)
-        calls = [scoring.calls[index] for scoring, index in batch]
-        try:
-            if isinstance(model, str):
-                raise RuntimeError(model)
-            raw = model.scores(calls)
-        except Exception as exc:  # the batch's calls score 0 and say why; the next go on
-            error = (str(exc) if isinstance(model, str)
-                     else f"{type(exc).__name__}: {exc}")[:MESSAGE_CHARS]
-            for scoring, index in batch:
-                scoring.put(index, RewardOutcome(error=error))
-            return
+    def score_batch(self, model: RewardModel, batch: list[Queued]) -> None:
+        """Each call's normalised score, in one forward; a score that is not finite fails
+        its call alone."""
+        spec: RewardModelSpec = batch[0][2]
+        raw = model.scores([scoring.calls[index] for scoring, index, _ in batch])
         finite = [(item, x) for item, x in zip(batch, raw, strict=True) if math.isfinite(x)]
-        for (scoring, index), x in zip(batch, raw, strict=True):
+        for (scoring, index, _), x in zip(batch, raw, strict=True):
             if not math.isfinite(x):
                 scoring.put(index, RewardOutcome(error=f"reward model {spec.model} returned {x}"))
         if not finite:
             return
         moments = self._moments.setdefault(spec.model, RunningMoments())
         scores = normalized([x for _, x in finite], spec.normalize, moments)
-        for ((scoring, index), _), score in zip(finite, scores, strict=True):
+        for ((scoring, index, _), _), score in zip(finite, scores, strict=True):
             scoring.put(index, RewardOutcome(score))
-
-    def close(self) -> None:
-        """Drop the loaded models."""
-        self._models.clear()
