@@ -9,7 +9,8 @@ through the `explorer.protocols.Workflow` interface (`WORKFLOWS`). Single-turn s
 weights taken between engine steps, each step written once its last group is scored; their
 reward functions run in worker processes, each call within `explorer.reward_timeout`
 (`rft_hpc.tasks.reward_pool`), reward models in batched forwards in the explorer
-(`rft_hpc.tasks.model_reward`), a task's weighted terms summed by
+(`rft_hpc.tasks.model_reward`) or, with `reward_job.count`, in reward jobs of their own
+(`rft_hpc.tasks.remote_reward`), a task's weighted terms summed by
 `rft_hpc.tasks.reward_mix`. Multi-turn steps run one at a time (`explorer.overrollout`),
 taking new weights at step boundaries.
 """
@@ -51,6 +52,7 @@ from rft_hpc.runtime.placement import reward_worker_bounds
 from rft_hpc.sync.follower import WeightFollower, build_receiver
 from rft_hpc.sync.weight_files import load_start_weights
 from rft_hpc.tasks.model_reward import ModelScorer, engine_device
+from rft_hpc.tasks.remote_reward import RemoteModelScorer
 from rft_hpc.tasks.reward_mix import RewardMix
 from rft_hpc.tasks.reward_pool import RewardPool
 
@@ -95,11 +97,15 @@ WorkflowBuilder = Callable[[ExperimentConfig, RunDir, str, EngineStarter], Workf
 def single_turn_workflow(config: ExperimentConfig, run: RunDir, role: str,
                          start_engine: EngineStarter) -> Workflow:
     """Streaming single-turn steps (`StepStream`) scored by a `RewardMix`: reward functions
-    in a `RewardPool`, reward models (loaded on first use) on the engine's device."""
+    in a `RewardPool`, reward models (loaded on first use) on the engine's device, or in
+    the explorer's reward job when `reward_job.count` is set (docs/reward-job.md)."""
     cfg = config.explorer
     workers, cores = reward_worker_bounds(cfg.reward_workers)
     pool = RewardPool(workers, cfg.reward_timeout, cores=cores)  # starts while the model loads
-    rewards = RewardMix(pool, ModelScorer(engine_device()))
+    count = config.reward_job.count
+    models = (RemoteModelScorer(run.root, int(role.rsplit("-", 1)[1]), count) if count
+              else ModelScorer(engine_device()))
+    rewards = RewardMix(pool, models)
     failures = RewardFailures(cfg.reward_failure_limit)
     try:
         engine = start_engine()

@@ -13,8 +13,10 @@ to the sum, in the explorer, as to any reward.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from rft_hpc.config.rewards import RewardModelSpec
 from rft_hpc.tasks.model_reward import ModelScorer
@@ -44,6 +46,7 @@ class _Parts:
         """Put each outer call's weighted sum (or its first failed term's reason)."""
         total = [0.0] * len(self.outer.calls)
         failed: dict[int, RewardOutcome] = {}
+        requests: dict[int, str | None] = {}  # the reward job request of its model terms
         for is_model, index, outer, weight, label in self.routes:
             part = self.models if is_model else self.functions
             assert part is not None
@@ -51,19 +54,51 @@ class _Parts:
             assert outcome is not None
             if outcome.failed and outer not in failed:
                 failed[outer] = RewardOutcome(error=f"{label}: {outcome.error}"[:MESSAGE_CHARS],
-                                              timed_out=outcome.timed_out)
+                                              timed_out=outcome.timed_out,
+                                              request=outcome.request)
             total[outer] += weight * outcome.score
+            if outcome.request is not None:
+                requests.setdefault(outer, outcome.request)
         for i, score in enumerate(total):
-            self.outer.put(i, failed.get(i, RewardOutcome(score)))
+            self.outer.put(i, failed.get(i, RewardOutcome(score, request=requests.get(i))))
+
+
+class ModelTermScorer(Protocol):
+    """What scores the model terms: `tasks.model_reward.ModelScorer` in this process, or
+    `tasks.remote_reward.RemoteModelScorer` in a reward job (a `Scorer` that says whether it
+    has work to do here)."""
+
+    @property
+    def busy(self) -> bool:
+        """Whether calls wait for work in this process."""
+        ...
+
+    @property
+    def size(self) -> int:
+        """Reward models it holds."""
+        ...
+
+    def submit(self, calls: Sequence[RewardCall]) -> Scoring:
+        """Queue `calls` and return their `Scoring` at once."""
+        ...
+
+    def pump(self, timeout: float | None = 0.0) -> None:
+        """Move the queued calls on, waiting up to `timeout` for results."""
+        ...
+
+    def close(self) -> None:
+        """Free what it holds."""
+        ...
 
 
 class RewardMix:
     """A reward scorer that scores each call with its task's reward, whatever its terms:
-    functions in `functions` (the worker pool), reward models in `models`; it keeps the
+    functions in `functions` (the worker pool), reward models in `models` (in this process,
+or a `RemoteModelScorer` for a reward job); it keeps the
     `Scorer` promise (`explorer.protocols`): one outcome per call, in call order, a failure
     scored 0 with its reason."""
 
-    def __init__(self, functions: RewardPool, models: ModelScorer | None = None) -> None:
+    def __init__(self, functions: RewardPool, models: ModelTermScorer | None = None) -> None:
         self.functions = functions
         self.models = models or ModelScorer()
         self._pending: list[_Parts] = []
@@ -101,11 +136,16 @@ class RewardMix:
 
     def pump(self, timeout: float | None = 0.0) -> None:
         """Score queued model calls, move the function pool on (waiting up to `timeout`
-        only when no model work is left), then complete the batches whose terms are all
-        in."""
+        only when no model work is left here; a model scorer whose terms are scored
+        elsewhere, a reward job, waits for what is left of it), then complete the batches
+        whose terms are all in."""
         had_models = self.models.busy
         self.models.pump()
+        start = time.monotonic()
         self.functions.pump(0.0 if had_models else timeout)
+        if self._pending and not had_models:  # model terms scored elsewhere: wait here
+            spent = time.monotonic() - start
+            self.models.pump(None if timeout is None else max(0.0, timeout - spent))
         self._settle()
 
     def _settle(self) -> None:

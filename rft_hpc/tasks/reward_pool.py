@@ -82,6 +82,9 @@ class RewardOutcome:
     it timed out."""
     timed_out: bool = False
     """The call overran its time limit (its worker was killed)."""
+    request: str | None = None
+    """Where a reward job scored it (`<request id>/<index>`, docs/reward-job.md); None when
+    scored in this process or its workers."""
 
     @property
     def failed(self) -> bool:
