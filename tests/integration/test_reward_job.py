@@ -75,4 +75,8 @@ reward_job: {{count: 1}}
 
     audit = rft("audit", tmp_path / "runs" / "rj", "--json", cwd=tmp_path)
     assert audit.returncode == 0, audit.stdout + audit.stderr
-    assert json.loads(audit.stdout)["ok"]
+    report = json.loads(audit.stdout)
+    assert report["ok"]
+    checks = {c["check"]: c["result"] for c in report["stages"][0]["checks"]}
+    assert checks["reward ledgers"] == checks["reward requests"] == "PASS"
+    assert report["stages"][0]["reward_jobs"]["records"] == 16
