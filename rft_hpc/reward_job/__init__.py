@@ -1,2 +1,1 @@
-"""The reward job role: reward models scored for every explorer, in jobs of their own
-(docs/reward-job.md)."""
+"""The reward job role: every explorer's reward-model calls scored in jobs of their own."""
