@@ -144,7 +144,8 @@ class RemoteModelScorer:
     processes' requests and responses."""
 
     def __init__(self, stage: Path, explorer: int, count: int,
-                 watch: RewardJobWatch | None = None) -> None:
+                 watch: RewardJobWatch | None = None, *,
+                 liveness_seconds: float = LIVENESS_SECONDS) -> None:
         self.explorer, self.job = explorer, serving_job(explorer, count)
         self.folder = job_folder(stage, self.job)
         self.folder.mkdir(parents=True, exist_ok=True)
@@ -152,6 +153,8 @@ class RemoteModelScorer:
         if removed:
             log.info("removed %d reward request/response files of earlier processes", removed)
         self.watch = watch or HeartbeatWatch(stage, self.job)
+        self.liveness_seconds = liveness_seconds
+        """How long a request waits before the reward job is asked after (tests shorten it)."""
         self.incarnation = new_incarnation()
         self._number = 0
         self._waiting: dict[str, tuple[Scoring, float]] = {}
@@ -217,7 +220,8 @@ class RemoteModelScorer:
 
     def _check_alive(self, now: float) -> None:
         oldest = min(sent for _, sent in self._waiting.values())
-        if now - oldest < LIVENESS_SECONDS or now - self._asked < LIVENESS_SECONDS:
+        every = self.liveness_seconds
+        if now - oldest < every or now - self._asked < every:
             return
         self._asked = now
         why = self.watch.gone()

@@ -12,6 +12,7 @@ import subprocess
 import sys
 
 import pytest
+from helpers.paths import DEMO
 from helpers.reward_models import reward_model
 from helpers.runs import rollouts
 from test_reward_model_run import model_scores
@@ -80,3 +81,21 @@ reward_job: {{count: 1}}
     checks = {c["check"]: c["result"] for c in report["stages"][0]["checks"]}
     assert checks["reward ledgers"] == checks["reward requests"] == "PASS"
     assert report["stages"][0]["reward_jobs"]["records"] == 16
+
+
+def test_the_reward_job_array_is_rendered_with_its_own_slurm_settings(tmp_path, tiny_model):
+    out = tmp_path / "scripts"
+    result = rft("render", DEMO, "--set", f"run.root={tmp_path}", "--set",
+                 f"model.path={tiny_model}", "--set", "reward_job.count=2", "--set",
+                 "reward_job.slurm={partition: gpu, gpus_per_node: 1, time: '02:00:00'}",
+                 "--name", "rj", "--out", out, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    script = (out / "grpo.reward.sbatch").read_text()
+    for line in ("#SBATCH --array=0-1", "#SBATCH --partition=gpu", "#SBATCH --gpus-per-node=1",
+                 "#SBATCH --time=02:00:00", "#SBATCH --requeue", "#SBATCH --signal=USR2@"):
+        assert line in script, script
+    assert f'role reward {tmp_path}/rj/stages/1-grpo --index "$SLURM_ARRAY_TASK_ID"' in script
+    assert "--name=rj.grpo.explorer" in script  # requeued only while its explorers are queued
+    assert "--gpus-per-node" not in (out / "grpo.explorer.sbatch").read_text()
+    submit = (out / "submit.sh").read_text()
+    assert "grpo.reward.sbatch" in submit and "sft.reward.sbatch" not in submit

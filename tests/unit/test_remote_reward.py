@@ -1,0 +1,62 @@
+"""The explorer's side of the reward job, on real files: a request goes to the folder of
+the explorer's reward job, the response's outcomes come back in call order naming their
+request, both files are then gone; a reward job that has finished while a request waits
+fails the explorer with a message naming it, instead of a hang."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+
+import pytest
+
+from rft_hpc.tasks.remote_reward import RemoteModelScorer, RewardJobGone
+from rft_hpc.tasks.reward_pool import RewardOutcome
+from rft_hpc.tasks.reward_requests import (
+    job_folder,
+    read_request,
+    unanswered,
+    write_response,
+)
+from rft_hpc.tasks.task import Task
+
+
+def calls(n):
+    return [(Task(prompt=f"{i}+1=", answer=str(i + 1), task_id=str(i)), str(i)) for i in range(n)]
+
+
+def test_a_response_comes_back_in_call_order_and_the_files_go(tmp_path):
+    old = job_folder(tmp_path, 1) / "explorer-3.deadbeef.000007.req"
+    old.parent.mkdir(parents=True)
+    old.write_bytes(b"an earlier process's request")
+    scorer = RemoteModelScorer(tmp_path, explorer=3, count=2)  # job 3 % 2 = 1
+    assert not old.exists()  # an earlier process's requests are withdrawn
+    scoring = scorer.submit(calls(3))
+    (path,) = unanswered(job_folder(tmp_path, 1))
+    request = read_request(path)
+    assert request.explorer == 3 and [r for _, r in request.calls] == ["0", "1", "2"]
+    scorer.pump(0.0)
+    assert not scoring.done
+    write_response(path.parent, request.id, [RewardOutcome(0.5), RewardOutcome(error="boom"),
+                                             RewardOutcome(2.0)])
+    scorer.pump(None)
+    assert scoring.result() == [RewardOutcome(0.5, request=f"{request.id}/0"),
+                                RewardOutcome(error="boom", request=f"{request.id}/1"),
+                                RewardOutcome(2.0, request=f"{request.id}/2")]
+    assert os.listdir(path.parent) == []
+    scorer.close()
+
+
+def test_a_finished_reward_job_fails_the_waiting_explorer_with_why(tmp_path):
+    state = tmp_path / "state"
+    state.mkdir()
+    (state / "reward-0.json").write_text(json.dumps({"role": "reward-0", "status": "done"}))
+    scorer = RemoteModelScorer(tmp_path, explorer=0, count=1, liveness_seconds=0.2)
+    scorer.submit(calls(2))
+    t0 = time.monotonic()
+    with pytest.raises(RewardJobGone, match=r"wait for reward-0 .* reward-0 has finished"):
+        scorer.pump(None)
+    assert time.monotonic() - t0 < 5
+    scorer.close()
+    assert os.listdir(job_folder(tmp_path, 0)) == []
