@@ -39,6 +39,7 @@ from rft_hpc.tasks.reward_requests import (
     Request,
     job_folder,
     read_request,
+    remove_orphan_responses,
     reward_role,
     served_explorers,
     unanswered,
@@ -156,6 +157,8 @@ class RewardJob:
 
     def close(self, reason: str) -> None:
         """Record why it ended (ledger, heartbeat) and free the models."""
+        if reason == "done":  # every explorer is done: no one reads a response any more
+            remove_orphan_responses(self.folder)
         self.ledger.append("stop", step=self.requests, reason=reason)
         self.ledger.close()
         self.metrics.close()

@@ -155,3 +155,18 @@ def remove_explorer_files(folder: Path, explorer: int) -> int:
                     (folder / name).unlink()
                     removed += 1
     return removed
+
+
+def remove_orphan_responses(folder: Path) -> int:
+    """Delete the responses whose request is gone (answered just as its explorer restarted);
+    how many. Only once no explorer can be reading them (the reward job's end)."""
+    try:
+        names = set(os.listdir(folder))
+    except FileNotFoundError:
+        return 0
+    orphans = [n for n in names if n.endswith(RESPONSE) and not is_temporary(n)
+               and n.removesuffix(RESPONSE) + REQUEST not in names]
+    for name in orphans:
+        with contextlib.suppress(FileNotFoundError):
+            (folder / name).unlink()
+    return len(orphans)

@@ -20,7 +20,7 @@ from helpers.slurm_runs import finished, heartbeat, rft, status, submit, unique,
 from rft_hpc.buffer.jsonl import iter_segments
 from rft_hpc.buffer.segment import read_segment
 
-STEPS = 12
+STEPS = 20  # margin: the two events need ~4 of them; a loaded machine slows the test too
 RECORDS_PER_STEP = 16
 """Of one explorer step of the chaos demo: 2 tasks x 8 rollouts."""
 
