@@ -60,6 +60,9 @@ log = logging.getLogger(__name__)
 
 REFRESH_SECONDS = 0.05
 """How often a streaming explorer looks for new weights between engine steps."""
+BEAT_SECONDS = 10.0
+"""The longest an explorer goes without replacing its heartbeat while it runs: one that
+waits (for rewards from a reward job that is down, say) still shows it is alive."""
 REPLACEMENT_POLL_SECONDS = 0.5
 """How often an explorer whose steps are written reads the trainer's heartbeat for stale
 drops to replace."""
@@ -162,6 +165,8 @@ class ExplorerLoop:
         self.ledger = LedgerWriter(run.ledger, self.role, durable=False)
         self.history = self.ledger.start(self.step, first_redone=self.step)
         self.started, self.start_step = time.time(), self.step
+        self.beaten = 0.0
+        """When the heartbeat was last replaced (monotonic)."""
 
     def step_tasks(self, step: int) -> StepTasks:
         """Step `step`'s tasks and sampling: the same after any restart."""
@@ -192,6 +197,8 @@ class ExplorerLoop:
                     break
                 continue
             workflow.advance()
+            if time.monotonic() - self.beaten >= BEAT_SECONDS:
+                self.beat("running")
             for done in workflow.completed():
                 self.commit(done)
                 if self.stop:
@@ -272,6 +279,7 @@ class ExplorerLoop:
 
     def beat(self, status: str, **fields: JSONValue) -> None:
         """Replace the heartbeat: step, weights, restarts, and what is in flight."""
+        self.beaten = time.monotonic()
         write_heartbeat(self.run, self.role, status=status, step=self.step, total=self.total,
                         version=self.engine.version, started=self.started,
                         start_step=self.start_step, restarts=self.history.restarts,

@@ -19,6 +19,7 @@ from helpers.slurm_runs import finished, heartbeat, rft, status, submit, unique,
 
 from rft_hpc.buffer.jsonl import iter_segments
 from rft_hpc.buffer.segment import read_segment
+from rft_hpc.tasks.reward_requests import job_folder, unanswered
 
 STEPS = 20  # margin: the two events need ~4 of them; a loaded machine slows the test too
 RECORDS_PER_STEP = 16
@@ -43,14 +44,21 @@ def test_a_killed_and_requeued_reward_job_loses_and_doubles_nothing(
     run = submit(slurm_env, tmp_path, tiny_model, unique("rewardjob"),
                  "--set", f"trainer.steps={STEPS}", "--set", f"tasks.reward={reward}",
                  "--set", "reward_job.count=1")
+    folder = job_folder(run / "stages" / "0-main", 0)
+
+    def waiting() -> bool:  # an explorer's request without a response
+        return bool(unanswered(folder))
+
     reward_job = next(j["id"] for j in status(slurm_env, run)["jobs"]
                       if j["name"] == "main.reward")
     # (a) its process SIGKILLed while serving: the job script requeues it (a crash)
     wait_until(reward_running(run, 0), what="the reward job serving")
     os.kill(heartbeat(run, "reward-0")["pid"], signal.SIGKILL)
+    wait_until(waiting, what="explorers waiting on the killed reward job")
     # (b) its second life requeued by the operator while serving
     wait_until(reward_running(run, 1), what="the reward job back after the kill")
     slurm(["scontrol", "requeue", reward_job], slurm_env)
+    wait_until(waiting, what="explorers waiting on the requeued reward job")
     wait_until(reward_running(run, 2, scored=0), what="the reward job back after the requeue")
 
     finished(slurm_env, run, steps=STEPS)
