@@ -151,7 +151,7 @@ class RewardJob:
     def beat(self, status: str) -> None:
         """Replace the heartbeat: requests scored, and where this process runs."""
         write_heartbeat(self.run, self.role, status=status, step=self.requests,
-                        calls=self.calls, started=self.started, job=slurm_job(),
+                        calls=self.calls, started=self.started, start_step=0, job=slurm_job(),
                         host=socket.gethostname(), explorers=self.explorers)
         self._beaten = time.monotonic()
 

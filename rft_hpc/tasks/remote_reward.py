@@ -71,9 +71,12 @@ class HeartbeatWatch:
     must still be in `squeue` (pending, running, requeued); locally its process must live,
     or be started again within `LOCAL_RESTART_SECONDS`."""
 
-    def __init__(self, stage: Path, job: int) -> None:
+    def __init__(self, stage: Path, job: int, *,
+                 restart_seconds: float = LOCAL_RESTART_SECONDS) -> None:
         self.run, self.job = RunDir(stage), job
         self.role = reward_role(job)
+        self.restart_seconds = restart_seconds
+        """How long a dead local process may take to come back (tests shorten it)."""
         self._dead_since: float | None = None
 
     def gone(self) -> str | None:
@@ -95,10 +98,10 @@ class HeartbeatWatch:
             return None
         now = time.monotonic()
         self._dead_since = self._dead_since or now
-        if now - self._dead_since < LOCAL_RESTART_SECONDS:
+        if now - self._dead_since < self.restart_seconds:
             return None
         return (f"{self.role}'s process {pid} died and was not started again within "
-                f"{LOCAL_RESTART_SECONDS:.0f} s")
+                f"{self.restart_seconds:g} s")
 
     def _submitted_job(self) -> str | None:
         """`<array id>_<j>` of the stage's reward array in the run's last submission."""

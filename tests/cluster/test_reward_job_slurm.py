@@ -2,10 +2,12 @@
 trainer, SIGKILLed once and hard-requeued once (`scontrol requeue`) while the explorers wait
 on it. The run finishes, `rft-hpc audit` passes (the reward ledger scored every request a
 record names; no call is in the buffer twice), and every record of every explorer step is
-in the buffer, each scored by the reward job: none lost, none twice."""
+in the buffer, each scored by the reward job: none lost, none twice. And how an explorer
+tells a reward job Slurm still holds (waited for) from one it no longer does (gone)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -19,6 +21,7 @@ from helpers.slurm_runs import finished, heartbeat, rft, status, submit, unique,
 
 from rft_hpc.buffer.jsonl import iter_segments
 from rft_hpc.buffer.segment import read_segment
+from rft_hpc.tasks.remote_reward import HeartbeatWatch
 from rft_hpc.tasks.reward_requests import job_folder, unanswered
 
 STEPS = 20  # margin: the two events need ~4 of them; a loaded machine slows the test too
@@ -84,3 +87,24 @@ def test_a_killed_and_requeued_reward_job_loses_and_doubles_nothing(
     assert len(named) == sum(per_step.values()) == stage["records"]["in_buffer"]
     assert len(named) >= STEPS * 32  # the trainer's batches of 32
     assert len(set(named)) == len(named)  # no call scored into the buffer twice
+
+
+def test_a_reward_job_is_waited_for_while_slurm_holds_it_and_gone_once_it_does_not(
+        slurm_env: dict[str, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    for name, value in slurm_env.items():
+        monkeypatch.setenv(name, value)
+    state = tmp_path / "state"
+    state.mkdir()
+    job = slurm(["sbatch", "--parsable", "--array=0", f"--output={tmp_path}/%A.out",
+                 "--wrap", "sleep 300"], slurm_env).strip().split(";")[0]
+    try:
+        (state / "reward-0.json").write_text(json.dumps({"status": "running",
+                                                         "job": f"{job}_0"}))
+        watch = HeartbeatWatch(tmp_path, 0)
+        assert watch.gone() is None  # pending or running: waited for
+        slurm(["scancel", job], slurm_env)
+        wait_until(lambda: watch.gone() is not None, timeout=60, what="the job gone")
+        assert watch.gone() == f"reward-0's Slurm job {job}_0 is no longer queued or running"
+    finally:
+        with contextlib.suppress(AssertionError):  # cancelled already
+            slurm(["scancel", job], slurm_env)

@@ -1,17 +1,20 @@
 """The explorer's side of the reward job, on real files: a request goes to the folder of
 the explorer's reward job, the response's outcomes come back in call order naming their
 request, both files are then gone; a reward job that has finished while a request waits
-fails the explorer with a message naming it, instead of a hang."""
+fails the explorer with a message naming it, instead of a hang; so does a local reward
+process that died and was not started again."""
 
 from __future__ import annotations
 
 import json
 import os
+import socket
+import subprocess
 import time
 
 import pytest
 
-from rft_hpc.tasks.remote_reward import RemoteModelScorer, RewardJobGone
+from rft_hpc.tasks.remote_reward import HeartbeatWatch, RemoteModelScorer, RewardJobGone
 from rft_hpc.tasks.reward_pool import RewardOutcome
 from rft_hpc.tasks.reward_requests import (
     job_folder,
@@ -60,3 +63,19 @@ def test_a_finished_reward_job_fails_the_waiting_explorer_with_why(tmp_path):
     assert time.monotonic() - t0 < 5
     scorer.close()
     assert os.listdir(job_folder(tmp_path, 0)) == []
+
+
+def test_a_dead_local_reward_process_is_gone_once_it_is_not_started_again(tmp_path):
+    state = tmp_path / "state"
+    state.mkdir()
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    beat = {"role": "reward-0", "status": "running", "host": socket.gethostname()}
+    (state / "reward-0.json").write_text(json.dumps({**beat, "pid": dead.pid}))
+    watch = HeartbeatWatch(tmp_path, 0, restart_seconds=0.3)
+    assert watch.gone() is None  # it may be restarting
+    time.sleep(0.4)
+    assert watch.gone() == (f"reward-0's process {dead.pid} died and was not started again "
+                            "within 0.3 s")
+    (state / "reward-0.json").write_text(json.dumps({**beat, "pid": os.getpid()}))
+    assert watch.gone() is None  # started again: alive
