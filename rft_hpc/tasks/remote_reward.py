@@ -191,9 +191,10 @@ class RemoteModelScorer:
         one comes) while requests wait. Raises `RewardJobGone` when the reward job is gone
         for good with requests waiting."""
         end = None if timeout is None else time.monotonic() + timeout
+        woke = self._changes.wait(0.0)  # the folder changed since the last look
         while self._waiting:
             now = time.monotonic()
-            if self._changes.wait(0.0) or now - self._looked >= POLL_SECONDS:
+            if woke or now - self._looked >= POLL_SECONDS:
                 self._looked = now
                 if self._take_responses():
                     return
@@ -201,7 +202,7 @@ class RemoteModelScorer:
             left = POLL_SECONDS if end is None else min(POLL_SECONDS, end - now)
             if left <= 0:
                 return
-            self._changes.wait(left)
+            woke = self._changes.wait(left)
 
     def _take_responses(self) -> bool:
         """Put the outcomes of every answered request; whether there was one."""
