@@ -117,7 +117,8 @@ class Workflow(Protocol):
 class Scorer(Protocol):
     """Scores rollouts with their tasks' rewards, without blocking the caller: the reward
     function pool (`tasks.reward_pool.RewardPool`), reward models
-    (`tasks.model_reward.ModelScorer`) and the sum of a task's weighted terms over both
+    (`tasks.model_reward.ModelScorer` in the explorer, `tasks.remote_reward.RemoteModelScorer`
+    in a reward job) and the sum of a task's weighted terms over both
     (`tasks.reward_mix.RewardMix`, the explorer's); LLM judges next.
 
     It promises: every call submitted gets one `RewardOutcome` in its `Scoring`, in call
