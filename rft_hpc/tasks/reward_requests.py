@@ -5,9 +5,10 @@ response file.
 Reward job `j` of a stage has one folder, `<stage>/reward/job-<j>/`, shared by the
 explorers it serves (explorer `i` is served by job `i % count`):
 
-- `<id>.req`: a request, written by its explorer (temporary name, fsync, rename): a pickle
-  of `{"version", "id", "explorer", "calls"}` where `calls` is `[(task, response), ...]`,
-  each task carrying the one reward-model term to score (`reward_terms.term_task`);
+- `<id>.req`: a request, written by its explorer (temporary name, fsync, rename): JSON
+  `{"version", "id", "explorer", "calls"}`, each call what a reward model reads and which
+  model reads it: `{"task_id", "prompt", "messages", "reward", "term", "response"}` (`term`
+  the reward-model term, as in the config; `reward` its label for messages);
 - `<id>.resp`: its response, written by the reward job the same way: JSON
   `{"version", "id", "outcomes": [{"score", "error", "timed_out"}, ...]}`, in call order.
 
@@ -24,14 +25,17 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import pickle
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
-from rft_hpc.core.rundir import atomic_write_bytes, atomic_write_json, is_temporary
+from rft_hpc.config.rewards import RewardModelSpec
+from rft_hpc.core.rundir import atomic_write_json, is_temporary
 from rft_hpc.tasks.reward_pool import MESSAGE_CHARS, RewardCall, RewardOutcome
+from rft_hpc.tasks.reward_terms import model_term
+from rft_hpc.tasks.task import Task
 
 PROTOCOL_VERSION = 1
 """The version of the request and response files (docs/reward-job.md)."""
@@ -86,23 +90,41 @@ class Request:
     calls: list[RewardCall]
 
 
+def call_json(call: RewardCall) -> dict[str, Any]:
+    """A call as a request carries it: what the model reads, and which model (the task's
+    one model term: `reward_terms.term_task`). Raises `ValueError` for a task without one."""
+    task, response = call
+    return {"task_id": task.task_id, "prompt": task.prompt, "messages": task.messages,
+            "reward": task.reward, "term": model_term(task).model_dump(mode="json"),
+            "response": response}
+
+
+def call_from_json(data: dict[str, Any]) -> RewardCall:
+    """The call a request's entry describes (`call_json`'s inverse, for the model's use)."""
+    term = RewardModelSpec.model_validate(data["term"])
+    return (Task(task_id=str(data["task_id"]), prompt=data["prompt"], messages=data["messages"],
+                 reward=str(data["reward"]), reward_terms=(term,)), str(data["response"]))
+
+
 def write_request(folder: Path, rid: str, explorer: int, calls: Sequence[RewardCall]) -> None:
     """Send a request: `<rid>.req` in `folder`, written atomically and durably."""
-    data = {"version": PROTOCOL_VERSION, "id": rid, "explorer": explorer, "calls": list(calls)}
-    atomic_write_bytes(folder / f"{rid}{REQUEST}", pickle.dumps(data, protocol=5))
+    atomic_write_json(folder / f"{rid}{REQUEST}", {
+        "version": PROTOCOL_VERSION, "id": rid, "explorer": explorer,
+        "calls": [call_json(c) for c in calls]})
 
 
 def read_request(path: Path) -> Request | None:
     """The request at `path`; None when it is gone (its explorer took its answer or
     restarted). Raises `ValueError` for a file of another protocol version."""
     try:
-        data = pickle.loads(path.read_bytes())
+        data = json.loads(path.read_text())
     except FileNotFoundError:
         return None
     if data.get("version") != PROTOCOL_VERSION:
         raise ValueError(f"{path}: reward request version {data.get('version')}, this "
                          f"rft-hpc reads version {PROTOCOL_VERSION}")
-    return Request(data["id"], int(data["explorer"]), list(data["calls"]))
+    return Request(data["id"], int(data["explorer"]),
+                   [call_from_json(c) for c in data["calls"]])
 
 
 def unanswered(folder: Path) -> list[Path]:

@@ -14,6 +14,7 @@ import time
 
 import pytest
 
+from rft_hpc.config.rewards import RewardModelSpec
 from rft_hpc.tasks.remote_reward import HeartbeatWatch, RemoteModelScorer, RewardJobGone
 from rft_hpc.tasks.reward_pool import RewardOutcome
 from rft_hpc.tasks.reward_requests import (
@@ -25,8 +26,10 @@ from rft_hpc.tasks.reward_requests import (
 from rft_hpc.tasks.task import Task
 
 
-def calls(n):
-    return [(Task(prompt=f"{i}+1=", answer=str(i + 1), task_id=str(i)), str(i)) for i in range(n)]
+def calls(n, rm="/models/rm"):
+    term = RewardModelSpec(model=rm, normalize="batch", batch_size=4)
+    return [(Task(prompt=f"{i}+1=", answer=str(i + 1), task_id=str(i), reward="model:rm",
+                  reward_terms=(term,)), str(i)) for i in range(n)]
 
 
 def test_a_response_comes_back_in_call_order_and_the_files_go(tmp_path):
@@ -38,7 +41,14 @@ def test_a_response_comes_back_in_call_order_and_the_files_go(tmp_path):
     scoring = scorer.submit(calls(3))
     (path,) = unanswered(job_folder(tmp_path, 1))
     request = read_request(path)
-    assert request.explorer == 3 and [r for _, r in request.calls] == ["0", "1", "2"]
+    assert request.explorer == 3
+    # the request carries what the model reads and which model, as plain JSON
+    assert [(t.prompt, t.reward_terms, r) for t, r in request.calls] \
+        == [(t.prompt, t.reward_terms, r) for t, r in calls(3)]
+    assert json.loads(path.read_text())["calls"][0] == {
+        "task_id": "0", "prompt": "0+1=", "messages": None, "reward": "model:rm",
+        "response": "0", "term": {"model": "/models/rm", "stage": None, "normalize": "batch",
+                                  "weight": 1.0, "batch_size": 4}}
     scorer.pump(0.0)
     assert not scoring.done
     write_response(path.parent, request.id, [RewardOutcome(0.5), RewardOutcome(error="boom"),
