@@ -2,7 +2,7 @@
 
 import sys
 
-if sys.argv[1:2] == ["role"] and sys.argv[2:3] in (["explorer"], ["trainer"]):
+if sys.argv[1:2] == ["role"] and sys.argv[2:3] in (["explorer"], ["trainer"], ["reward"]):
     # Before the heavy imports: a stop signal now must not kill the role (see roles.signals).
     from rft_hpc.runtime.signals import catch_early
 

@@ -92,6 +92,20 @@ def role_explorer(
         ignore_warning_signal()
 
 
+@role_app.command("reward")
+def role_reward(
+    stage: Path = typer.Argument(..., help="Stage directory."),
+    index: int = typer.Option(0, "--index", help="Reward job index (Slurm array task id)."),
+) -> None:
+    """Run reward job INDEX of a stage directory (docs/reward-job.md)."""
+    from rft_hpc.reward_job.role import run_reward_job
+
+    try:
+        run_reward_job(stage, index)
+    finally:
+        ignore_warning_signal()
+
+
 @role_app.command("trainer")
 def role_trainer(stage: Path = typer.Argument(..., help="Stage directory.")) -> None:
     """Run the trainer of a stage directory."""

@@ -89,7 +89,8 @@ class SlurmRoleConfig(ConfigSection):
     """Whole nodes only (`--exclusive`)."""
 
     array_parallelism: int | None = Field(None, ge=1)
-    """Explorers only: at most this many array tasks run at once (`--array=0-N%P`)."""
+    """Arrays only (explorers, evaluators, reward jobs): at most this many array tasks run
+    at once (`--array=0-N%P`)."""
 
     extra: dict[str, str] = Field(default_factory=dict)
     """Further sbatch options, as a mapping (`{reservation: big, requeue: true}`, written

@@ -21,6 +21,7 @@ from rft_hpc.config.offline_data import DataConfig
 from rft_hpc.config.paths import ConfigPath
 from rft_hpc.config.pipeline import PipelineConfig
 from rft_hpc.config.prompt import PromptConfig
+from rft_hpc.config.reward_job import RewardJobConfig
 from rft_hpc.config.rewards import REWARD_MODEL_FOLDER, GoldReward, resolved_rewards
 from rft_hpc.config.sync import SyncConfig
 from rft_hpc.config.tasks import ArithmeticTasks, TasksConfig
@@ -368,6 +369,11 @@ class ExperimentConfig(ConfigSection):
     stages: list[StageConfig] = Field(default_factory=list)
     """Stages run one after the other (e.g. SFT warm-up, then GRPO), each starting from the
     weights the previous one ended with; empty = one stage, the config itself."""
+
+    reward_job: RewardJobConfig = Field(default_factory=RewardJobConfig)
+    """Where reward models run: in each explorer (`count: 0`, the default) or in an array
+    of reward jobs of their own that every explorer sends its batches to
+    (docs/reward-job.md)."""
 
     launch: LaunchConfig = Field(default_factory=LaunchConfig)
     """How `rft-hpc submit` runs the roles as Slurm jobs (ignored by `rft-hpc run`, except

@@ -117,10 +117,11 @@ class Workflow(Protocol):
 class Scorer(Protocol):
     """Scores rollouts with their tasks' rewards, without blocking the caller: the reward
     function pool (`tasks.reward_pool.RewardPool`), reward models
-    (`tasks.model_reward.ModelScorer`), LLM judges (`tasks.judge_reward.JudgeScorer`) and
-    the sum of a task's weighted terms over all of them (`tasks.reward_mix.RewardMix`, the
-    explorer's, which routes each kind of term to the scorer of that kind: another scorer
-    of a kind plugs in through `RewardMix(pool, scorers={kind: scorer})`).
+    (`tasks.model_reward.ModelScorer`; `tasks.remote_reward.RemoteModelScorer` when a
+    reward job scores them), LLM judges (`tasks.judge_reward.JudgeScorer`) and the sum of a
+    task's weighted terms over all of them (`tasks.reward_mix.RewardMix`, the explorer's,
+    which routes each kind of term to the scorer of that kind: another scorer of a kind
+    plugs in through `RewardMix(pool, scorers={kind: scorer})`).
 
     It promises: every call submitted gets one `RewardOutcome` in its `Scoring`, in call
     order; a reward that raises, dies or overruns scores its rollout 0 and says why

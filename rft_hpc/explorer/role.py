@@ -10,7 +10,8 @@ weights taken between engine steps, each step written once its last group is sco
 reward functions run in worker processes, each call within `explorer.reward_timeout`
 (`rft_hpc.tasks.reward_pool`), reward models in batched forwards and LLM judges in batched
 generations in the explorer (`rft_hpc.tasks.model_reward`, `rft_hpc.tasks.judge_reward`),
-a task's weighted terms summed by
+reward models, with `reward_job.count`, in reward jobs of their own
+(`rft_hpc.tasks.remote_reward`), a task's weighted terms summed by
 `rft_hpc.tasks.reward_mix`. Multi-turn steps run one at a time (`explorer.overrollout`),
 taking new weights at step boundaries.
 """
@@ -53,6 +54,7 @@ from rft_hpc.runtime.placement import reward_worker_bounds
 from rft_hpc.sync.follower import WeightFollower, build_receiver
 from rft_hpc.sync.weight_files import load_start_weights
 from rft_hpc.tasks.model_reward import engine_device
+from rft_hpc.tasks.remote_reward import RemoteModelScorer
 from rft_hpc.tasks.reward_mix import RewardMix, local_scorers
 from rft_hpc.tasks.reward_pool import RewardPool
 
@@ -60,6 +62,9 @@ log = logging.getLogger(__name__)
 
 REFRESH_SECONDS = 0.05
 """How often a streaming explorer looks for new weights between engine steps."""
+BEAT_SECONDS = 10.0
+"""The longest an explorer goes without replacing its heartbeat while it runs: one that
+waits (for rewards from a reward job that is down, say) still shows it is alive."""
 REPLACEMENT_POLL_SECONDS = 0.5
 """How often an explorer whose steps are written reads the trainer's heartbeat for stale
 drops to replace."""
@@ -98,11 +103,16 @@ def single_turn_workflow(config: ExperimentConfig, run: RunDir, role: str,
                          start_engine: EngineStarter) -> Workflow:
     """Streaming single-turn steps (`StepStream`) scored by a `RewardMix`: reward functions
     in a `RewardPool`, reward models and LLM judges (loaded on first use) on the engine's
-    device."""
+    device, reward models in the explorer's reward job when `reward_job.count` is set
+    (docs/reward-job.md)."""
     cfg = config.explorer
     workers, cores = reward_worker_bounds(cfg.reward_workers)
     pool = RewardPool(workers, cfg.reward_timeout, cores=cores)  # starts while the model loads
-    rewards = RewardMix(pool, local_scorers(engine_device(), judge_loaders=judge_loaders()))
+    scorers = local_scorers(engine_device(), judge_loaders=judge_loaders())
+    count = config.reward_job.count
+    if count:
+        scorers["model"] = RemoteModelScorer(run.root, int(role.rsplit("-", 1)[1]), count)
+    rewards = RewardMix(pool, scorers)
     failures = RewardFailures(cfg.reward_failure_limit)
     try:
         engine = start_engine()
@@ -159,6 +169,8 @@ class ExplorerLoop:
         self.ledger = LedgerWriter(run.ledger, self.role, durable=False)
         self.history = self.ledger.start(self.step, first_redone=self.step)
         self.started, self.start_step = time.time(), self.step
+        self.beaten = 0.0
+        """When the heartbeat was last replaced (monotonic)."""
 
     def step_tasks(self, step: int) -> StepTasks:
         """Step `step`'s tasks and sampling: the same after any restart."""
@@ -189,6 +201,8 @@ class ExplorerLoop:
                     break
                 continue
             workflow.advance()
+            if time.monotonic() - self.beaten >= BEAT_SECONDS:
+                self.beat("running")
             for done in workflow.completed():
                 self.commit(done)
                 if self.stop:
@@ -269,6 +283,7 @@ class ExplorerLoop:
 
     def beat(self, status: str, **fields: JSONValue) -> None:
         """Replace the heartbeat: step, weights, restarts, and what is in flight."""
+        self.beaten = time.monotonic()
         write_heartbeat(self.run, self.role, status=status, step=self.step, total=self.total,
                         version=self.engine.version, started=self.started,
                         start_step=self.start_step, restarts=self.history.restarts,

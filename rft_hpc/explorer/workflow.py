@@ -86,6 +86,8 @@ def scored_experiences(tasks: Sequence[Task], prompts: Sequence[Sequence[int]],
             experience = completion_to_experience(
                 task, prompt, completion, reward=outcome.score, group_id=group_id,
                 version=version, step=step)
+            if outcome.request is not None:  # scored by a reward job (docs/reward-job.md)
+                experience.info["reward_request"] = outcome.request
             if outcome.failed:
                 why = (outcome.error if outcome.timed_out or outcome.unparseable
                        else f"raised {outcome.error}")

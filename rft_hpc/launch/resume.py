@@ -154,6 +154,9 @@ def _work_left(job: Job, config: ExperimentConfig, run: RunDir) -> list[int]:
     if job.role == "explorer":
         return [i for i in range(stage.explorer.count)
                 if role_status(stage_run, f"explorer-{i}") != "done"]
+    if job.role == "reward":
+        return [j for j in range(stage.reward_job.count)
+                if role_status(stage_run, f"reward-{j}") != "done"]
     if job.role == "bench":  # a stage in mode bench: done once it has collected
         return [] if (stage_run.bench / RESULTS_FILE).exists() else [0]
     if job.role == "evaluator":

@@ -17,6 +17,7 @@ from importlib.resources import files
 from pathlib import Path
 
 from rft_hpc.config.launch import LaunchConfig, SlurmRoleConfig
+from rft_hpc.config.reward_job import RewardJobConfig
 from rft_hpc.core.rundir import RunDir, read_json
 from rft_hpc.runtime.command import role_command, role_env
 from rft_hpc.runtime.lifecycle import REQUEUE_EXIT
@@ -232,6 +233,28 @@ def role_job(ctx: JobContext, role: str, stage_run: RunDir, stage: str, *, threa
         srun_options=srun_options)
     return Job(name, role, key, script, after, None, stage,
                (stage_run.log("trainer"),))
+
+
+def reward_job_array(ctx: JobContext, stage_run: RunDir, stage: str,
+                     reward_job: RewardJobConfig, *, after: tuple[str, ...]) -> Job:
+    """The reward job array of one stage (`reward_job.count` tasks, `reward_job.slurm`
+    settings, docs/reward-job.md): it requeues itself like the other roles (its warning
+    signal, its time limit, a killed process), but only while the stage's explorer array is
+    queued or running (its only clients)."""
+    settings = reward_job.slurm
+    name, key = f"{stage}.reward", "reward_job.slurm"
+    par = f"%{settings.array_parallelism}" if settings.array_parallelism else ""
+    script = render_script(
+        ctx, settings, key=key,
+        title=f"reward jobs of stage {stage} (array task = reward job index)",
+        job_name=name, log=stage_run.log("reward-%a"),
+        command=role_command("reward", stage_run.root, ARRAY_INDEX,
+                             python=ctx.python(settings)),
+        threads=None, state=stage_run.state, array=f"0-{reward_job.count - 1}{par}",
+        record="slurm-reward-$SLURM_ARRAY_TASK_ID",
+        requeue_needs=f"{ctx.run.root.name}.{stage}.explorer")
+    logs = tuple(stage_run.log(f"reward-{j}") for j in range(reward_job.count))
+    return Job(name, "reward", key, script, after, reward_job.count, stage, logs)
 
 
 def bench_stage_job(ctx: JobContext, stage_run: RunDir, stage: str, *, threads: int | None,

@@ -1,6 +1,7 @@
 """`rft-hpc submit` and `rft-hpc render`: a config becomes a graph of Slurm jobs.
 
-Per stage, an explorer array and a trainer job (and, with `eval.evaluator`, an evaluator
+Per stage, an explorer array and a trainer job (with `reward_job.count`, a reward job array
+beside them; and, with `eval.evaluator`, an evaluator
 array after the trainer, which only the final job waits for); between stages a small
 `prepare` job (it finishes the stage before and lays out the next one, which starts from its
 weights); at the end a `finalize` job (summary.json, report.png). Every job is checked with `sbatch
@@ -29,6 +30,7 @@ from rft_hpc.launch.sbatch import (
     bench_stage_job,
     dependency_option,
     helper_job,
+    reward_job_array,
     role_job,
     submit_script,
     watch_job,
@@ -146,7 +148,7 @@ def plan_jobs(config: ExperimentConfig, run: RunDir, first: int, *, source: str,
                                         else [job])]
 
 
-ROLE_JOBS = frozenset({"explorer", "trainer", "evaluator", "bench"})
+ROLE_JOBS = frozenset({"explorer", "trainer", "evaluator", "bench", "reward"})
 """Roles whose jobs restart from their own checkpoints (and get a watcher)."""
 
 
@@ -166,6 +168,8 @@ def _plan(config: ExperimentConfig, run: RunDir, first: int, *, source: str,
             after = (jobs[-1].name,)
         roles = []
         mpi = stage.sync.method == "mpi" and stage.mode == "both"
+        if stage.mode in ("both", "explore") and stage.reward_job.count:
+            roles.append(reward_job_array(ctx, stage_run, name, stage.reward_job, after=after))
         if stage.mode in ("both", "explore"):
             roles.append(role_job(ctx, "explorer", stage_run, name, count=stage.explorer.count,
                                   threads=stage.explorer.threads, after=after, mpi=mpi,
@@ -207,10 +211,13 @@ def require_slurm() -> None:
 
 def _check_pass_env(config: ExperimentConfig) -> None:
     slurm = config.launch.slurm
-    for role in ("explorer", "trainer", "evaluator", "helper"):
-        for var in getattr(slurm, role).pass_env:
+    settings = {f"launch.slurm.{role}": getattr(slurm, role)
+                for role in ("explorer", "trainer", "evaluator", "helper")}
+    settings["reward_job.slurm"] = config.reward_job.slurm
+    for key, role_settings in settings.items():
+        for var in role_settings.pass_env:
             if var not in os.environ:
-                raise UserError(f"launch.slurm.{role}.pass_env: {var} is not set in this "
+                raise UserError(f"{key}.pass_env: {var} is not set in this "
                                 "environment; export it before `rft-hpc submit`")
 
 

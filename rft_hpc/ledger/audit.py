@@ -21,6 +21,7 @@ from rft_hpc.core.errors import UserError
 from rft_hpc.core.rundir import RunDir, open_run_dir, read_json
 from rft_hpc.ledger.buffer_scan import BufferScan, Ref, scan_buffer
 from rft_hpc.ledger.replay import History, LedgerError, replay, sequence_problems
+from rft_hpc.ledger.reward_audit import audit_reward_jobs
 
 PASS, FAIL, INFO = "PASS", "FAIL", "-"
 SHOWN = 5
@@ -55,6 +56,8 @@ class StageAudit:
     trainer: dict[str, Any] | None = None
     explorers: dict[str, dict[str, Any]] = field(default_factory=dict)
     records: dict[str, Any] = field(default_factory=dict)
+    reward_jobs: dict[str, Any] | None = None
+    """What the reward jobs did (docs/reward-job.md); None without reward jobs."""
 
     @property
     def problems(self) -> int:
@@ -64,6 +67,7 @@ class StageAudit:
         return {"stage": self.name, "path": str(self.path), "ok": self.problems == 0,
                 "problems": self.problems, "checks": [c.to_json() for c in self.checks],
                 "trainer": self.trainer, "explorers": self.explorers, "records": self.records,
+                "reward_jobs": self.reward_jobs,
                 "unconsumed": self.records.get("unconsumed")}
 
 
@@ -122,7 +126,8 @@ def _load_config(stage: Path) -> ExperimentConfig:
 def audit_stage(stage: Path) -> StageAudit:
     """Audit one stage directory (`config.yaml`, `buffer/`, `ledger/`, `state/`)."""
     config = _load_config(stage)
-    scan = scan_buffer(RunDir(stage).buffer)
+    rewarded = any(RunDir(stage).ledger.glob("reward-*.jsonl"))
+    scan = scan_buffer(RunDir(stage).buffer, infos=rewarded or config.reward_job.count > 0)
     audit = StageAudit(stage.name, stage)
     state_path = RunDir(stage).heartbeat("trainer")
     state = read_json(state_path) if state_path.is_file() else None
@@ -135,7 +140,21 @@ def audit_stage(stage: Path) -> StageAudit:
     else:
         audit.checks.append(Check("trainer ledger", INFO, "no trainer in this stage yet"))
     _audit_explorers(audit, stage, scan)
+    _audit_reward_jobs(audit, stage, scan)
     return audit
+
+
+def _audit_reward_jobs(audit: StageAudit, stage: Path, scan: BufferScan) -> None:
+    found = audit_reward_jobs(RunDir(stage).ledger, scan)
+    if not found.ran:
+        return
+    audit.reward_jobs = s = found.summary
+    audit.checks.append(_check(
+        "reward ledgers", f"{_n(s['requests'], 'request')} scored ({s['rescored']} again "
+        f"after a restart); {_n(s['restarts'], 'restart')}", found.ledger_problems))
+    audit.checks.append(_check(
+        "reward requests", f"{_n(s['records'], 'record')} scored by a reward job, each in "
+        "a request its ledger scored, each call once", found.record_problems))
 
 
 def _audit_trainer(audit: StageAudit, history: History, config: ExperimentConfig,

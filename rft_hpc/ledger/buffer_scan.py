@@ -42,6 +42,8 @@ class SegmentInfo:
     error: str | None = None
     archive: str | None = None
     """The archive file that holds the segment (None: its own segment file)."""
+    infos: list[str] | None = None
+    """Per record its `info` JSON text (read only when asked: `scan_buffer(infos=True)`)."""
 
 
 @dataclass
@@ -82,34 +84,35 @@ class BufferScan:
         return f"{self.root.name}/{writer}/{segment_name(start)}"
 
 
-def scan_buffer(buffer: Path) -> BufferScan:
-    """Read every committed segment's step and policy_version columns (checksums checked);
+def scan_buffer(buffer: Path, *, infos: bool = False) -> BufferScan:
+    """Read every committed segment's step and policy_version columns (with `infos`, its
+    records' info too; checksums checked);
     a corrupt segment is kept with its `error` (its records count as lost). Raises
     `LedgerError` when I/O errors keep a file unreadable through the retries."""
     try:
-        return _scan(buffer)
+        return _scan(buffer, ("step", "policy_version", *(("info",) if infos else ())))
     except StillUnreadable as exc:
         raise LedgerError(f"cannot audit the buffer now: {exc.filename}: {exc.strerror}; "
                           "run the audit again") from exc
 
 
-def _scan(buffer: Path) -> BufferScan:
+def _scan(buffer: Path, fields: tuple[str, ...]) -> BufferScan:
     scan = BufferScan(buffer)
     for writer in writer_names(buffer):
         files = list_writer(buffer / writer)
         for span in files.archives:
-            _scan_archive(scan, writer, buffer / writer / archive_name(*span), span)
+            _scan_archive(scan, writer, buffer / writer / archive_name(*span), span, fields)
         for start in files.segments:
             path = buffer / writer / segment_name(start)
             try:
-                seg = read_segment(path, fields=("step", "policy_version"))
+                seg = read_segment(path, fields=fields)
             except CorruptSegment as exc:
                 scan.segments[writer, start] = SegmentInfo(_step_end(path, start), 0,
                                                            error=exc.reason)
                 continue
             scan.segments[writer, start] = SegmentInfo(
                 seg.step_end, seg.num_records, seg.columns.get("step"),
-                seg.columns.get("policy_version"))
+                seg.columns.get("policy_version"), infos=_infos(seg.columns))
     quarantine = buffer / QUARANTINE
     if quarantine.is_dir():
         for writer in os.listdir(quarantine):
@@ -121,11 +124,17 @@ def _scan(buffer: Path) -> BufferScan:
     return scan
 
 
-def _scan_archive(scan: BufferScan, writer: str, path: Path, span: tuple[int, int]) -> None:
+def _infos(columns: dict) -> list[str] | None:
+    found = columns.get("info")
+    return None if found is None else [str(x) for x in found]
+
+
+def _scan_archive(scan: BufferScan, writer: str, path: Path, span: tuple[int, int],
+                  fields: tuple[str, ...]) -> None:
     """Each segment an archive holds, as if it were a segment file of its own; an
     unreadable archive's segments (from its index, else its whole span) have `error` set."""
     try:
-        parts = read_archive(path, fields=("step", "policy_version"))
+        parts = read_archive(path, fields=fields)
     except CorruptSegment as exc:
         try:
             starts = read_archive_index(path)
@@ -139,7 +148,7 @@ def _scan_archive(scan: BufferScan, writer: str, path: Path, span: tuple[int, in
     for p in parts:
         scan.segments[writer, p.step_start] = SegmentInfo(
             p.step_end, p.num_records, p.columns.get("step"), p.columns.get("policy_version"),
-            archive=path.name)
+            archive=path.name, infos=_infos(p.columns))
 
 
 def _step_end(path: Path, start: int) -> int:

@@ -92,6 +92,7 @@ _REQUIRED = {
     "step": ("step",),
     "save": ("step",),
     "stop": ("reason",),
+    "scored": ("request", "explorer", "calls"),
 }
 
 

@@ -35,6 +35,7 @@ class Display:
             roles += ["trainer"] if config.mode in ("both", "train") else []
             if config.mode in ("both", "explore"):
                 roles += [f"explorer-{i}" for i in range(config.explorer.count)]
+                roles += [f"reward-{j}" for j in range(config.reward_job.count)]  # requests
         self.roles = roles
         self.tails = {r: MetricsTail(run.metrics_file(r)) for r in roles}
         self.last: dict[str, dict[str, Any]] = {r: {} for r in roles}

@@ -103,6 +103,9 @@ def _roles(config: ExperimentConfig, run: RunDir, record: ProcessRecord) -> list
         procs.append(_start("trainer", [*launcher, *role_command("trainer", run.root)], run,
                             threads["trainer"], record))
     if config.mode in ("both", "explore"):
+        for j in range(config.reward_job.count):  # first: explorers send them work at once
+            procs.append(_start(f"reward-{j}", role_command("reward", run.root, j), run,
+                                threads["explorer"], record))
         for i in range(config.explorer.count):
             procs.append(_start(f"explorer-{i}",
                                 [*launcher, *role_command("explorer", run.root, i)], run,

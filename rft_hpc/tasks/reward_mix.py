@@ -17,6 +17,7 @@ applies to the sum, in the explorer, as to any reward.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
@@ -87,16 +88,20 @@ class _Parts:
         """Put each outer call's weighted sum (or its first failed term's reason)."""
         total = [0.0] * len(self.outer.calls)
         failed: dict[int, RewardOutcome] = {}
+        requests: dict[int, str | None] = {}  # the reward job request of its model terms
         for kind, index, outer, weight, label in self.routes:
             outcome = self.kinds[kind].outcomes[index]
             assert outcome is not None
             if outcome.failed and outer not in failed:
                 failed[outer] = RewardOutcome(error=f"{label}: {outcome.error}"[:MESSAGE_CHARS],
                                               timed_out=outcome.timed_out,
-                                              unparseable=outcome.unparseable)
+                                              unparseable=outcome.unparseable,
+                                              request=outcome.request)
             total[outer] += weight * outcome.score
+            if outcome.request is not None:
+                requests.setdefault(outer, outcome.request)
         for i, score in enumerate(total):
-            self.outer.put(i, failed.get(i, RewardOutcome(score)))
+            self.outer.put(i, failed.get(i, RewardOutcome(score, request=requests.get(i))))
 
 
 class RewardMix:
@@ -147,11 +152,17 @@ class RewardMix:
     def pump(self, timeout: float | None = 0.0) -> None:
         """Move every kind's scorer on (the model kinds score what they hold, without
         waiting), then the function pool (waiting up to `timeout` only when no other kind
-        had work), then complete the batches whose terms are all in."""
+        had work here; a kind scored elsewhere, by a reward job, waits for what is left of
+        it), then complete the batches whose terms are all in."""
         had_work = any(s.busy for s in self.scorers.values())
         for scorer in self.scorers.values():
             scorer.pump(0.0)
+        start = time.monotonic()
         self.functions.pump(0.0 if had_work else timeout)
+        if self._pending and not had_work:  # terms scored elsewhere: wait here
+            for scorer in self.scorers.values():
+                spent = time.monotonic() - start
+                scorer.pump(None if timeout is None else max(0.0, timeout - spent))
         self._settle()
 
     def _settle(self) -> None:

@@ -85,6 +85,9 @@ class RewardOutcome:
     unparseable: bool = False
     """An LLM judge answered, but its parser found no score in the answer
     (`tasks.judge_reward`): a failure counted apart as well (`judge_unparseable`)."""
+    request: str | None = None
+    """Where a reward job scored it (`<request id>/<index>`, docs/reward-job.md); None when
+    scored in this process or its workers."""
 
     @property
     def failed(self) -> bool:
