@@ -18,12 +18,13 @@ import socket
 import subprocess
 import time
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Protocol
 
 from rft_hpc.core.rundir import RunDir, read_json
 from rft_hpc.core.watch import FolderWatch
-from rft_hpc.tasks.reward_pool import RewardCall, RewardOutcome, Scoring
+from rft_hpc.tasks.reward_pool import RewardCall, Scoring
 from rft_hpc.tasks.reward_requests import (
     job_folder,
     new_incarnation,
@@ -215,8 +216,7 @@ class RemoteModelScorer:
                 raise RuntimeError(f"{self.folder / rid}: {len(outcomes)} outcomes for "
                                    f"{len(scoring.calls)} calls")
             for index, outcome in enumerate(outcomes):
-                scoring.put(index, RewardOutcome(outcome.score, outcome.error,
-                                                 outcome.timed_out, f"{rid}/{index}"))
+                scoring.put(index, replace(outcome, request=f"{rid}/{index}"))
             remove_request(self.folder, rid)
             del self._waiting[rid]
             took = True

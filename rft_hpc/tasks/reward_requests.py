@@ -141,8 +141,8 @@ def write_response(folder: Path, rid: str, outcomes: Sequence[RewardOutcome]) ->
     """Answer request `rid`: `<rid>.resp`, written atomically and durably."""
     atomic_write_json(folder / f"{rid}{RESPONSE}", {
         "version": PROTOCOL_VERSION, "id": rid,
-        "outcomes": [{"score": o.score, "error": o.error, "timed_out": o.timed_out}
-                     for o in outcomes]})
+        "outcomes": [{"score": o.score, "error": o.error, "timed_out": o.timed_out,
+                      "unparseable": o.unparseable} for o in outcomes]})
 
 
 def read_response(folder: Path, rid: str) -> list[RewardOutcome] | None:
@@ -155,7 +155,9 @@ def read_response(folder: Path, rid: str) -> list[RewardOutcome] | None:
         raise ValueError(f"{folder / rid}{RESPONSE}: reward response version "
                          f"{data.get('version')}, this rft-hpc reads {PROTOCOL_VERSION}")
     return [RewardOutcome(float(o["score"]), o["error"] and str(o["error"])[:MESSAGE_CHARS],
-                          bool(o["timed_out"])) for o in data["outcomes"]]
+                          timed_out=bool(o["timed_out"]),
+                          unparseable=bool(o.get("unparseable", False)))
+            for o in data["outcomes"]]
 
 
 def remove_request(folder: Path, rid: str) -> None:
