@@ -1,9 +1,9 @@
 """`reward_job`: where reward models run (docs/reward-job.md).
 
-By default (`count: 0`) each explorer scores its tasks' reward-model terms itself, in
+By default (`count: 0`) each explorer scores its tasks' reward-model and LLM-judge terms itself, in
 batched forwards on its own device between generation batches. With `count: N` an array of
-N reward jobs, each with its own Slurm settings and GPUs, scores every reward-model term of
-every explorer: explorer `i` sends its batches to reward job `i % N` through the run
+N reward jobs, each with its own Slurm settings and GPUs, scores every reward-model and judge term
+of every explorer: explorer `i` sends its batches to reward job `i % N` through the run
 directory, and each reward job batches the requests of all its explorers together. The
 explorers' reward functions stay in their own worker pools either way.
 """
@@ -17,12 +17,14 @@ from rft_hpc.core.config_section import ConfigSection
 
 
 class RewardJobConfig(ConfigSection):
-    """The reward job: an array of processes that score the explorers' reward-model terms."""
+    """The reward job: an array of processes that score the explorers' reward-model and
+    LLM-judge terms."""
 
     count: int = Field(0, ge=0)
-    """Reward jobs (an array of this many, `reward-<j>`): 0 scores reward models inside each
-    explorer, on its own device (the default); N >= 1 scores every reward-model term of
-    every explorer in these N jobs, explorer `i` in job `i % N`."""
+    """Reward jobs (an array of this many, `reward-<j>`): 0 scores reward models and LLM
+    judges inside each explorer, on its own device (the default); N >= 1 scores every
+    reward-model and judge term of every explorer in these N jobs, explorer `i` in job
+    `i % N`."""
 
     slurm: SlurmRoleConfig = Field(default_factory=SlurmRoleConfig)
     """Slurm settings of the reward job array under `rft-hpc submit` (partition, GPUs, time

@@ -10,7 +10,7 @@ weights taken between engine steps, each step written once its last group is sco
 reward functions run in worker processes, each call within `explorer.reward_timeout`
 (`rft_hpc.tasks.reward_pool`), reward models in batched forwards and LLM judges in batched
 generations in the explorer (`rft_hpc.tasks.model_reward`, `rft_hpc.tasks.judge_reward`),
-reward models, with `reward_job.count`, in reward jobs of their own
+both, with `reward_job.count`, in reward jobs of their own
 (`rft_hpc.tasks.remote_reward`), a task's weighted terms summed by
 `rft_hpc.tasks.reward_mix`. Multi-turn steps run one at a time (`explorer.overrollout`),
 taking new weights at step boundaries.
@@ -103,15 +103,16 @@ def single_turn_workflow(config: ExperimentConfig, run: RunDir, role: str,
                          start_engine: EngineStarter) -> Workflow:
     """Streaming single-turn steps (`StepStream`) scored by a `RewardMix`: reward functions
     in a `RewardPool`, reward models and LLM judges (loaded on first use) on the engine's
-    device, reward models in the explorer's reward job when `reward_job.count` is set
+    device, or both in the explorer's reward job when `reward_job.count` is set
     (docs/reward-job.md)."""
     cfg = config.explorer
     workers, cores = reward_worker_bounds(cfg.reward_workers)
     pool = RewardPool(workers, cfg.reward_timeout, cores=cores)  # starts while the model loads
     scorers = local_scorers(engine_device(), judge_loaders=judge_loaders())
     count = config.reward_job.count
-    if count:
-        scorers["model"] = RemoteModelScorer(run.root, int(role.rsplit("-", 1)[1]), count)
+    if count:  # one scorer for both kinds: its requests are this explorer's alone
+        remote = RemoteModelScorer(run.root, int(role.rsplit("-", 1)[1]), count)
+        scorers.update(model=remote, judge=remote)
     rewards = RewardMix(pool, scorers)
     failures = RewardFailures(cfg.reward_failure_limit)
     try:

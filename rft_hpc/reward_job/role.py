@@ -1,7 +1,8 @@
 """The reward job role (docs/reward-job.md): reward job `j` of a stage scores the
-reward-model calls that its explorers (`i % count == j`) send as request files, in batched
-forwards across explorers (`tasks.model_reward.ModelScorer`), and answers each request with
-a response file, until every explorer it serves is done.
+reward-model and LLM-judge calls that its explorers (`i % count == j`) send as request
+files, in batched passes across explorers (`tasks.model_reward.ModelScorer`,
+`tasks.judge_reward.JudgeScorer`, judges on vLLM too), and answers each request with a
+response file, until every explorer it serves is done.
 
 Like every role it beats a heartbeat (`state/reward-<j>.json`, with its Slurm job and host so
 that waiting explorers can tell whether it is still there), stops at a safe point on a stop
@@ -22,6 +23,7 @@ from pathlib import Path
 from rft_hpc.config import ExperimentConfig
 from rft_hpc.core.rundir import RunDir
 from rft_hpc.core.watch import FolderWatch
+from rft_hpc.engines.judge import judge_loaders
 from rft_hpc.ledger.log import LedgerWriter
 from rft_hpc.monitor.metrics import MetricsWriter
 from rft_hpc.runtime.common import (
@@ -33,8 +35,9 @@ from rft_hpc.runtime.common import (
 )
 from rft_hpc.runtime.lifecycle import JobClock
 from rft_hpc.runtime.logs import setup_logging
-from rft_hpc.tasks.model_reward import ModelScorer, engine_device
-from rft_hpc.tasks.reward_pool import Scoring
+from rft_hpc.tasks.model_reward import engine_device
+from rft_hpc.tasks.reward_mix import local_scorers
+from rft_hpc.tasks.reward_pool import RewardOutcome, Scoring
 from rft_hpc.tasks.reward_requests import (
     Request,
     job_folder,
@@ -86,7 +89,8 @@ class RewardJob:
                                           config.explorer.count)
         self.folder = job_folder(run.root, index)
         self.folder.mkdir(parents=True, exist_ok=True)
-        self.scorer = ModelScorer(engine_device())
+        self.scorers = local_scorers(engine_device(), judge_loaders=judge_loaders())
+        """The scorer of each kind of term a request may carry (`model`, `judge`)."""
         self.ledger = LedgerWriter(run.ledger, self.role, durable=False)
         # nothing to resume: a reward job's only work is the requests without a response
         self.ledger.append("start", resume_step=0, first_redone=0, pid=os.getpid(),
@@ -127,8 +131,9 @@ class RewardJob:
         for path in paths:
             request = read_request(path)
             if request is not None:  # else its explorer restarted since the listing
-                batches.append((request, self.scorer.submit(request.calls)))
-        self.scorer.pump()
+                batches.append((request, self.submit(request)))
+        for scorer in self.scorers.values():
+            scorer.pump()
         for request, _ in batches:
             self.ledger.append("scored", request=request.id, explorer=request.explorer,
                                calls=len(request.calls))
@@ -148,6 +153,18 @@ class RewardJob:
         log.debug("scored %d requests (%d calls) in %.3f s", len(batches), calls, seconds)
         self.beat("running")
 
+    def submit(self, request: Request) -> Scoring:
+        """Queue `request`'s calls with the scorer of their kind (an explorer sends each
+        kind's calls in requests of their own); a request that mixes kinds fails whole."""
+        kinds = {task.reward_terms[0].kind for task, _ in request.calls}
+        if len(kinds) != 1:
+            scoring = Scoring(request.calls)
+            for index in range(len(request.calls)):
+                scoring.put(index, RewardOutcome(error=f"request {request.id} mixes the "
+                                                       f"kinds {sorted(kinds)}"))
+            return scoring
+        return self.scorers[kinds.pop()].submit(request.calls)
+
     def beat(self, status: str) -> None:
         """Replace the heartbeat: requests scored, and where this process runs."""
         write_heartbeat(self.run, self.role, status=status, step=self.requests,
@@ -162,7 +179,8 @@ class RewardJob:
         self.ledger.append("stop", step=self.requests, reason=reason)
         self.ledger.close()
         self.metrics.close()
-        self.scorer.close()
+        for scorer in self.scorers.values():
+            scorer.close()
         self.beat("done" if reason == "done" else "stopped")
 
 

@@ -1,5 +1,5 @@
 """The explorer's side of the reward job (docs/reward-job.md): a reward `Scorer` for
-reward-model terms that sends each batch to the explorer's reward job as a request file and
+reward-model and LLM-judge terms that sends each batch to the explorer's reward job as a request file and
 takes in the response when it comes.
 
 While it waits, nothing blocks: `pump` looks for responses (at most every `POLL_SECONDS`,
@@ -142,7 +142,7 @@ def _alive(pid: int) -> bool:
 
 
 class RemoteModelScorer:
-    """Scores reward-model calls in explorer `explorer`'s reward job (one of `count`): a
+    """Scores reward-model and judge calls in explorer `explorer`'s reward job (one of `count`): a
     `Scorer` (`explorer.protocols`) with the promises of any, each outcome naming its
     request (`RewardOutcome.request`). At start it removes its explorer's earlier
     processes' requests and responses."""

@@ -154,13 +154,14 @@ class RewardMix:
         waiting), then the function pool (waiting up to `timeout` only when no other kind
         had work here; a kind scored elsewhere, by a reward job, waits for what is left of
         it), then complete the batches whose terms are all in."""
-        had_work = any(s.busy for s in self.scorers.values())
-        for scorer in self.scorers.values():
+        scorers = self._distinct()
+        had_work = any(s.busy for s in scorers)
+        for scorer in scorers:
             scorer.pump(0.0)
         start = time.monotonic()
         self.functions.pump(0.0 if had_work else timeout)
         if self._pending and not had_work:  # terms scored elsewhere: wait here
-            for scorer in self.scorers.values():
+            for scorer in scorers:
                 spent = time.monotonic() - start
                 scorer.pump(None if timeout is None else max(0.0, timeout - spent))
         self._settle()
@@ -181,8 +182,12 @@ class RewardMix:
     def close(self) -> None:
         """Stop the pool's workers and every kind's scorer (dropping their models)."""
         self.functions.close()
-        for scorer in self.scorers.values():
+        for scorer in self._distinct():
             scorer.close()
+
+    def _distinct(self) -> list[KindScorer]:
+        """The scorers, each once (one scorer may score several kinds: a reward job's)."""
+        return list({id(s): s for s in self.scorers.values()}.values())
 
     def __enter__(self) -> RewardMix:
         return self

@@ -6,11 +6,13 @@ Reward job `j` of a stage has one folder, `<stage>/reward/job-<j>/`, shared by t
 explorers it serves (explorer `i` is served by job `i % count`):
 
 - `<id>.req`: a request, written by its explorer (temporary name, fsync, rename): JSON
-  `{"version", "id", "explorer", "calls"}`, each call what a reward model reads and which
-  model reads it: `{"task_id", "prompt", "messages", "reward", "term", "response"}` (`term`
-  the reward-model term, as in the config; `reward` its label for messages);
+  `{"version", "id", "explorer", "calls"}`, each call what a reward model or an LLM judge
+  reads and which model reads it: `{"task_id", "prompt", "messages", "answer", "reward",
+  "kind", "term", "response"}` (`kind` `model` or `judge`, `term` that term as in the
+  config; `reward` its label for messages);
 - `<id>.resp`: its response, written by the reward job the same way: JSON
-  `{"version", "id", "outcomes": [{"score", "error", "timed_out"}, ...]}`, in call order.
+  `{"version", "id", "outcomes": [{"score", "error", "timed_out", "unparseable"}, ...]}`,
+  in call order.
 
 A request id is `explorer-<i>.<incarnation>.<n>`: the explorer, a random token of its
 process (a restarted explorer regenerates its rollouts, so it starts a new incarnation and
@@ -31,10 +33,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from rft_hpc.config.rewards import RewardModelSpec
+from rft_hpc.config.rewards import JudgeSpec, RewardModelSpec
 from rft_hpc.core.rundir import atomic_write_json, is_temporary
 from rft_hpc.tasks.reward_pool import MESSAGE_CHARS, RewardCall, RewardOutcome
-from rft_hpc.tasks.reward_terms import model_term
 from rft_hpc.tasks.task import Task
 
 PROTOCOL_VERSION = 1
@@ -90,20 +91,31 @@ class Request:
     calls: list[RewardCall]
 
 
+TERM_CLASSES: dict[str, type[RewardModelSpec] | type[JudgeSpec]] = {
+    "model": RewardModelSpec, "judge": JudgeSpec}
+"""The term kinds a reward job scores, by the `kind` a request's call names."""
+
+
 def call_json(call: RewardCall) -> dict[str, Any]:
     """A call as a request carries it: what the model reads, and which model (the task's
-    one model term: `reward_terms.term_task`). Raises `ValueError` for a task without one."""
+    one reward-model or judge term, `reward_terms.term_task`, and its `kind`). Raises
+    `ValueError` for a task without one."""
     task, response = call
+    terms = [t for t in task.reward_terms if t.kind in TERM_CLASSES]
+    if len(terms) != 1 or len(task.reward_terms) != 1:
+        raise ValueError(f"task {task.task_id} is not scored by one reward model or judge "
+                         f"alone (its reward: {task.reward})")
     return {"task_id": task.task_id, "prompt": task.prompt, "messages": task.messages,
-            "reward": task.reward, "term": model_term(task).model_dump(mode="json"),
-            "response": response}
+            "answer": task.answer, "reward": task.reward, "kind": terms[0].kind,
+            "term": terms[0].model_dump(mode="json"), "response": response}
 
 
 def call_from_json(data: dict[str, Any]) -> RewardCall:
     """The call a request's entry describes (`call_json`'s inverse, for the model's use)."""
-    term = RewardModelSpec.model_validate(data["term"])
+    term = TERM_CLASSES[data.get("kind", "model")].model_validate(data["term"])
     return (Task(task_id=str(data["task_id"]), prompt=data["prompt"], messages=data["messages"],
-                 reward=str(data["reward"]), reward_terms=(term,)), str(data["response"]))
+                 answer=str(data.get("answer", "")), reward=str(data["reward"]),
+                 reward_terms=(term,)), str(data["response"]))
 
 
 def write_request(folder: Path, rid: str, explorer: int, calls: Sequence[RewardCall]) -> None:

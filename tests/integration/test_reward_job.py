@@ -1,9 +1,10 @@
 """The reward job in local mode, through the CLI as a user's: `rft-hpc run` with
 `reward_job.count: 1` starts the reward job as a process of its own beside two explorers;
-the run finishes, every record's reward is the function term plus the model term a plain
-transformers forward gives for the same text (what the explorer itself would score), every
-record names the request the reward job scored it in (its ledger says so), and the audit
-passes."""
+the run finishes, every record's reward is the function term plus the reward-model term a
+plain transformers forward gives for the same text plus the LLM judge's parsed answer a
+plain greedy generate gives (what the explorer itself would score; an unparseable answer
+fails its record, as in the explorer), every record names the request the reward job scored
+it in (its ledger says so), and the audit passes."""
 
 from __future__ import annotations
 
@@ -12,9 +13,11 @@ import subprocess
 import sys
 
 import pytest
+from helpers.judges import tiny_judge
 from helpers.paths import DEMO
 from helpers.reward_models import reward_model
 from helpers.runs import rollouts
+from test_judge_run import judge_scores
 from test_reward_model_run import model_scores
 
 from rft_hpc.config import load_config
@@ -30,7 +33,7 @@ def rft(*args, cwd, timeout=300):
 @pytest.mark.timeout(600)
 def test_a_local_reward_job_scores_every_explorer_once_as_the_explorer_would(
         tmp_path, tiny_model):
-    rm = reward_model(tmp_path / "rm")
+    rm, judge = reward_model(tmp_path / "rm"), tiny_judge(tmp_path / "judge")
     config = tmp_path / "exp.yaml"
     config.write_text(f"""\
 run: {{name: rj, root: {tmp_path / 'runs'}}}
@@ -42,7 +45,9 @@ tasks:
   reward:
     - {{name: exact_match, weight: 0.5}}
     - {{model: {rm}, weight: 2.0, batch_size: 6}}
-explorer: {{count: 2, tasks_per_step: 1, repeat: 4, max_new_tokens: 4}}
+    - {{judge: {judge}, template: 'Rate: {{response}}', parser_args: {{range: [0, 5]}}}}
+explorer: {{count: 2, tasks_per_step: 1, repeat: 4, max_new_tokens: 4,
+            reward_failure_limit: 1.0}}
 trainer: {{steps: 2, batch_size: 8}}
 eval: {{interval: 0, max_new_tokens: 4}}
 sync: {{method: checkpoint, interval: 1, offset: 1}}
@@ -56,10 +61,16 @@ reward_job: {{count: 1}}
     train, _ = build_tasks(load_config(config).tasks, 0)
     tasks = {t.task_id: t for t in train}
     pairs = [(tasks[r.task_id].prompt, r.info["response"]) for r in records]
-    expected = [0.5 * exact_match(tasks[r.task_id], r.info["response"]) + 2.0 * score
-                for r, score in zip(records, model_scores(rm, pairs), strict=True)]
+    judged = judge_scores(judge, [r.info["response"] for r in records])
+    expected = [0.0 if verdict is None else
+                0.5 * exact_match(tasks[r.task_id], r.info["response"]) + 2.0 * score + verdict
+                for r, score, (_, verdict) in zip(records, model_scores(rm, pairs), judged,
+                                                  strict=True)]
     assert [r.reward for r in records] == pytest.approx(expected, abs=1e-5)
-    assert not any("reward_failure" in r.info for r in records)
+    failed = [f"judge:{judge}: unparseable answer {answer!r}" for answer, v in judged
+              if v is None]
+    assert [r.info["reward_failure"] for r in records if "reward_failure" in r.info] == failed
+    assert 0 < len(failed) < len(records)  # the judge's answers: both kinds came through
 
     # every record names its request and place there, each once; the ledger scored them
     named = [r.info["reward_request"] for r in records]
