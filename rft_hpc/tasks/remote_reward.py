@@ -1,6 +1,6 @@
 """The explorer's side of the reward job (docs/reward-job.md): a reward `Scorer` for
-reward-model and LLM-judge terms that sends each batch to the explorer's reward job as a request file and
-takes in the response when it comes.
+reward-model and LLM-judge terms that sends each batch to the explorer's reward job as a
+request file and takes in the response when it comes.
 
 While it waits, nothing blocks: `pump` looks for responses (at most every `POLL_SECONDS`,
 sooner when the kernel says the folder changed) and the explorer goes on generating. A
