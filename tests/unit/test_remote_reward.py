@@ -46,9 +46,10 @@ def test_a_response_comes_back_in_call_order_and_the_files_go(tmp_path):
     assert [(t.prompt, t.reward_terms, r) for t, r in request.calls] \
         == [(t.prompt, t.reward_terms, r) for t, r in calls(3)]
     assert json.loads(path.read_text())["calls"][0] == {
-        "task_id": "0", "prompt": "0+1=", "messages": None, "reward": "model:rm",
-        "response": "0", "term": {"model": "/models/rm", "stage": None, "normalize": "batch",
-                                  "weight": 1.0, "batch_size": 4}}
+        "task_id": "0", "prompt": "0+1=", "messages": None, "answer": "1",
+        "reward": "model:rm", "response": "0", "kind": "model",
+        "term": {"model": "/models/rm", "stage": None, "normalize": "batch", "weight": 1.0,
+                 "batch_size": 4}}
     scorer.pump(0.0)
     assert not scoring.done
     write_response(path.parent, request.id, [RewardOutcome(0.5), RewardOutcome(error="boom"),
