@@ -127,7 +127,7 @@ class RewardJob:
         """Score the requests at `paths` together (batched forwards across explorers),
         record each in the ledger (synced), then answer each that is still there."""
         t0 = time.monotonic()
-        batches: list[tuple[Request, Scoring]] = []
+        batches: list[tuple[Request, list[tuple[list[int], Scoring]]]] = []
         for path in paths:
             request = read_request(path)
             if request is not None:  # else its explorer restarted since the listing
@@ -138,9 +138,13 @@ class RewardJob:
             self.ledger.append("scored", request=request.id, explorer=request.explorer,
                                calls=len(request.calls))
         self.ledger.sync()  # the ledger holds every request before its answer exists
-        for request, scoring in batches:
+        for request, parts in batches:
             if (self.folder / f"{request.id}.req").exists():
-                write_response(self.folder, request.id, scoring.result())
+                outcomes: list[RewardOutcome] = [RewardOutcome()] * len(request.calls)
+                for indices, scoring in parts:
+                    for i, outcome in zip(indices, scoring.result(), strict=True):
+                        outcomes[i] = outcome
+                write_response(self.folder, request.id, outcomes)
         seconds = time.monotonic() - t0
         self.clock.observe_step(seconds)
         calls = sum(len(r.calls) for r, _ in batches)
@@ -153,17 +157,15 @@ class RewardJob:
         log.debug("scored %d requests (%d calls) in %.3f s", len(batches), calls, seconds)
         self.beat("running")
 
-    def submit(self, request: Request) -> Scoring:
-        """Queue `request`'s calls with the scorer of their kind (an explorer sends each
-        kind's calls in requests of their own); a request that mixes kinds fails whole."""
-        kinds = {task.reward_terms[0].kind for task, _ in request.calls}
-        if len(kinds) != 1:
-            scoring = Scoring(request.calls)
-            for index in range(len(request.calls)):
-                scoring.put(index, RewardOutcome(error=f"request {request.id} mixes the "
-                                                       f"kinds {sorted(kinds)}"))
-            return scoring
-        return self.scorers[kinds.pop()].submit(request.calls)
+    def submit(self, request: Request) -> list[tuple[list[int], Scoring]]:
+        """Queue `request`'s calls with the scorer of each one's kind (a request may hold
+        both reward-model and judge calls): (the calls' places in the request, their
+        Scoring) per kind."""
+        places: dict[str, list[int]] = {}
+        for index, (task, _) in enumerate(request.calls):
+            places.setdefault(task.reward_terms[0].kind, []).append(index)
+        return [(indices, self.scorers[kind].submit([request.calls[i] for i in indices]))
+                for kind, indices in places.items()]
 
     def beat(self, status: str) -> None:
         """Replace the heartbeat: requests scored, and where this process runs."""

@@ -142,10 +142,10 @@ def _alive(pid: int) -> bool:
 
 
 class RemoteModelScorer:
-    """Scores reward-model and judge calls in explorer `explorer`'s reward job (one of `count`): a
-    `Scorer` (`explorer.protocols`) with the promises of any, each outcome naming its
-    request (`RewardOutcome.request`). At start it removes its explorer's earlier
-    processes' requests and responses."""
+    """Scores reward-model and judge calls in explorer `explorer`'s reward job (one of
+    `count`): a `Scorer` (`explorer.protocols`) with the promises of any, each outcome
+    naming its request and place there (`RewardOutcome.request`). At start it removes its
+    explorer's earlier processes' requests and responses."""
 
     def __init__(self, stage: Path, explorer: int, count: int,
                  watch: RewardJobWatch | None = None, *,
@@ -161,8 +161,11 @@ class RemoteModelScorer:
         """How long a request waits before the reward job is asked after (tests shorten it)."""
         self.incarnation = new_incarnation()
         self._number = 0
-        self._waiting: dict[str, tuple[Scoring, float]] = {}
-        """Request id -> (its calls' Scoring, when it was sent: monotonic)."""
+        self._outbox: list[Scoring] = []
+        """Calls submitted since the last `pump`: sent together, as one request."""
+        self._waiting: dict[str, tuple[list[Scoring], float]] = {}
+        """Request id -> (the Scorings its calls came in, in order; when it was sent:
+        monotonic)."""
         self._looked = self._asked = 0.0
         self._changes = FolderWatch(self.folder)
 
@@ -177,20 +180,30 @@ class RemoteModelScorer:
         return False
 
     def submit(self, calls: Sequence[RewardCall]) -> Scoring:
-        """Send `calls` to the reward job as one request and return their `Scoring`."""
+        """Queue `calls` for the reward job and return their `Scoring`; `pump` sends every
+        call queued since the last one as one request (the groups an engine step finished
+        reach the reward job together: its forwards are fuller)."""
         scoring = Scoring(calls)
-        if not scoring.calls:
-            return scoring
-        rid = request_id(self.explorer, self.incarnation, self._number)
-        self._number += 1
-        write_request(self.folder, rid, self.explorer, scoring.calls)
-        self._waiting[rid] = (scoring, time.monotonic())
+        if scoring.calls:
+            self._outbox.append(scoring)
         return scoring
 
+    def _send(self) -> None:
+        """Send the queued calls as one request."""
+        if not self._outbox:
+            return
+        rid = request_id(self.explorer, self.incarnation, self._number)
+        self._number += 1
+        write_request(self.folder, rid, self.explorer,
+                      [call for scoring in self._outbox for call in scoring.calls])
+        self._waiting[rid] = (self._outbox, time.monotonic())
+        self._outbox = []
+
     def pump(self, timeout: float | None = 0.0) -> None:
-        """Take in the responses there are, waiting up to `timeout` seconds (None: until
-        one comes) while requests wait. Raises `RewardJobGone` when the reward job is gone
-        for good with requests waiting."""
+        """Send the queued calls, then take in the responses there are, waiting up to
+        `timeout` seconds (None: until one comes) while requests wait. Raises
+        `RewardJobGone` when the reward job is gone for good with requests waiting."""
+        self._send()
         end = None if timeout is None else time.monotonic() + timeout
         woke = self._changes.wait(0.0)  # the folder changed since the last look
         while self._waiting:
@@ -208,15 +221,19 @@ class RemoteModelScorer:
     def _take_responses(self) -> bool:
         """Put the outcomes of every answered request; whether there was one."""
         took = False
-        for rid, (scoring, _) in list(self._waiting.items()):
+        for rid, (scorings, _) in list(self._waiting.items()):
             outcomes = read_response(self.folder, rid)
             if outcomes is None:
                 continue
-            if len(outcomes) != len(scoring.calls):
+            calls = sum(len(scoring.calls) for scoring in scorings)
+            if len(outcomes) != calls:
                 raise RuntimeError(f"{self.folder / rid}: {len(outcomes)} outcomes for "
-                                   f"{len(scoring.calls)} calls")
-            for index, outcome in enumerate(outcomes):
-                scoring.put(index, replace(outcome, request=f"{rid}/{index}"))
+                                   f"{calls} calls")
+            index = 0
+            for scoring in scorings:
+                for i in range(len(scoring.calls)):
+                    scoring.put(i, replace(outcomes[index], request=f"{rid}/{index}"))
+                    index += 1
             remove_request(self.folder, rid)
             del self._waiting[rid]
             took = True
@@ -238,6 +255,7 @@ class RemoteModelScorer:
 
     def close(self) -> None:
         """Withdraw the requests still waiting and stop watching the folder."""
+        self._outbox.clear()
         for rid in list(self._waiting):
             remove_request(self.folder, rid)
         self._waiting.clear()

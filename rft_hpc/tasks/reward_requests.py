@@ -5,12 +5,14 @@ response file.
 Reward job `j` of a stage has one folder, `<stage>/reward/job-<j>/`, shared by the
 explorers it serves (explorer `i` is served by job `i % count`):
 
-- `<id>.req`: a request, written by its explorer (temporary name, fsync, rename): JSON
+- `<id>.req`: a request, written by its explorer (temporary name, rename; not fsynced: see
+  `write_request`): JSON
   `{"version", "id", "explorer", "calls"}`, each call what a reward model or an LLM judge
   reads and which model reads it: `{"task_id", "prompt", "messages", "answer", "reward",
   "kind", "term", "response"}` (`kind` `model` or `judge`, `term` that term as in the
   config; `reward` its label for messages);
-- `<id>.resp`: its response, written by the reward job the same way: JSON
+- `<id>.resp`: its response, written by the reward job the same way (after its ledger line
+  is synced): JSON
   `{"version", "id", "outcomes": [{"score", "error", "timed_out", "unparseable"}, ...]}`,
   in call order.
 
@@ -119,8 +121,10 @@ def call_from_json(data: dict[str, Any]) -> RewardCall:
 
 
 def write_request(folder: Path, rid: str, explorer: int, calls: Sequence[RewardCall]) -> None:
-    """Send a request: `<rid>.req` in `folder`, written atomically and durably."""
-    atomic_write_json(folder / f"{rid}{REQUEST}", {
+    """Send a request: `<rid>.req` in `folder`, written atomically (whole or not at all).
+    Not fsynced: a crash that could lose it takes its explorer process down as well, and a
+    restarted explorer withdraws its earlier process's requests and sends new ones."""
+    atomic_write_json(folder / f"{rid}{REQUEST}", durable=False, obj={
         "version": PROTOCOL_VERSION, "id": rid, "explorer": explorer,
         "calls": [call_json(c) for c in calls]})
 
@@ -150,8 +154,11 @@ def unanswered(folder: Path) -> list[Path]:
 
 
 def write_response(folder: Path, rid: str, outcomes: Sequence[RewardOutcome]) -> None:
-    """Answer request `rid`: `<rid>.resp`, written atomically and durably."""
-    atomic_write_json(folder / f"{rid}{RESPONSE}", {
+    """Answer request `rid`: `<rid>.resp`, written atomically (whole or not at all). Not
+    fsynced: a response lost with its file server's cache leaves its request unanswered,
+    which the next reward job process scores again, and the ledger (synced before it)
+    already holds the request."""
+    atomic_write_json(folder / f"{rid}{RESPONSE}", durable=False, obj={
         "version": PROTOCOL_VERSION, "id": rid,
         "outcomes": [{"score": o.score, "error": o.error, "timed_out": o.timed_out,
                       "unparseable": o.unparseable} for o in outcomes]})

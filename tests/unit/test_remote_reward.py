@@ -33,12 +33,15 @@ def calls(n, rm="/models/rm"):
 
 
 def test_a_response_comes_back_in_call_order_and_the_files_go(tmp_path):
+    # two submissions before a pump go as one request
     old = job_folder(tmp_path, 1) / "explorer-3.deadbeef.000007.req"
     old.parent.mkdir(parents=True)
     old.write_bytes(b"an earlier process's request")
     scorer = RemoteModelScorer(tmp_path, explorer=3, count=2)  # job 3 % 2 = 1
     assert not old.exists()  # an earlier process's requests are withdrawn
-    scoring = scorer.submit(calls(3))
+    first, second = scorer.submit(calls(2)), scorer.submit(calls(3)[2:])
+    assert unanswered(job_folder(tmp_path, 1)) == []  # sent by the next pump, together
+    scorer.pump(0.0)
     (path,) = unanswered(job_folder(tmp_path, 1))
     request = read_request(path)
     assert request.explorer == 3
@@ -51,13 +54,14 @@ def test_a_response_comes_back_in_call_order_and_the_files_go(tmp_path):
         "term": {"model": "/models/rm", "stage": None, "normalize": "batch", "weight": 1.0,
                  "batch_size": 4}}
     scorer.pump(0.0)
-    assert not scoring.done
+    assert not first.done and not second.done
     write_response(path.parent, request.id, [RewardOutcome(0.5), RewardOutcome(error="boom"),
                                              RewardOutcome(2.0)])
     scorer.pump(None)
-    assert scoring.result() == [RewardOutcome(0.5, request=f"{request.id}/0"),
-                                RewardOutcome(error="boom", request=f"{request.id}/1"),
-                                RewardOutcome(2.0, request=f"{request.id}/2")]
+    # each submission's outcomes in its call order, named by their place in the request
+    assert first.result() == [RewardOutcome(0.5, request=f"{request.id}/0"),
+                              RewardOutcome(error="boom", request=f"{request.id}/1")]
+    assert second.result() == [RewardOutcome(2.0, request=f"{request.id}/2")]
     assert os.listdir(path.parent) == []
     scorer.close()
 
