@@ -81,3 +81,27 @@ def test_the_gpu_tool_recipe_validates_and_renders_with_its_paths_set(tmp_path: 
     scripts = sorted(p.name for p in (tmp_path / "scripts").iterdir())
     assert "submit.sh" in scripts and any("sft" in s and "trainer" in s for s in scripts) \
         and any("explorer" in s for s in scripts), scripts
+
+
+def test_the_gpu_rlhf_recipe_validates_and_renders_with_its_paths_set(tmp_path: Path) -> None:
+    """configs/recipes/rlhf-gpu.yaml cannot run here (GPUs); with MODEL_DIR at a tiny Qwen2
+    chat model, DATA_DIR at comparisons in WebGPT's layout (generated) and RUN_ROOT, it
+    validates and renders every job: the reward-model stage's trainer, the GRPO stage's
+    explorers, trainer and reward job array with its own Slurm settings."""
+    from rft_hpc.tasks.preferences import write_preference_file
+
+    env = {**os.environ, "MODEL_DIR": str(tmp_path / "model"),
+           "DATA_DIR": str(tmp_path / "data"), "RUN_ROOT": str(tmp_path / "runs")}
+    (tmp_path / "data").mkdir()
+    write_preference_file(tmp_path / "data" / "comparisons.parquet", 20000)
+    steps = (("model", "init", "tiny", "--arch", "qwen2", "--out", env["MODEL_DIR"]),
+             ("validate", "configs/recipes/rlhf-gpu.yaml"),
+             ("render", "configs/recipes/rlhf-gpu.yaml", "--out", str(tmp_path / "scripts")))
+    for args in steps:
+        result = rft(*args, env=env, timeout=300)
+        assert result.returncode == 0, (args, result.stdout[-2000:], result.stderr[-2000:])
+    scripts = sorted(p.name for p in (tmp_path / "scripts").iterdir())
+    assert {"rm.trainer.sbatch", "grpo.explorer.sbatch", "grpo.trainer.sbatch",
+            "grpo.reward.sbatch", "submit.sh"} <= set(scripts), scripts
+    reward = (tmp_path / "scripts" / "grpo.reward.sbatch").read_text()
+    assert "#SBATCH --gpus-per-node=1" in reward and "#SBATCH --array=0-0" in reward
