@@ -17,6 +17,7 @@ import sys
 import pytest
 import torch
 from helpers.judges import tiny_judge
+from helpers.reward_runs import reward_run_config
 from helpers.runs import rollouts
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -27,29 +28,10 @@ from rft_hpc.tasks.source import build_tasks
 
 
 def experiment(tmp_path, tiny_model, judge):
-    config = tmp_path / "exp.yaml"
-    config.write_text(f"""\
-run: {{name: judge, root: {tmp_path / 'runs'}}}
-model: {{path: {tiny_model}}}
-tasks:
-  type: arithmetic
-  digits: 1
-  eval_size: 4
-  reward:
-    - {{name: exact_match, weight: 0.5}}
-    - judge: {judge}
-      template: 'Rate: {{response}}'
-      parser: number
-      parser_args: {{range: [0, 5]}}
-      weight: 2.0
-      batch_size: 3
-explorer: {{count: 1, tasks_per_step: 2, repeat: 4, max_new_tokens: 4,
-            reward_failure_limit: 1.0}}
-trainer: {{steps: 2, batch_size: 8}}
-eval: {{interval: 0, max_new_tokens: 4}}
-sync: {{method: checkpoint, interval: 1, offset: 1}}
-""")
-    return config
+    return reward_run_config(tmp_path, "judge", tiny_model, [
+        "{name: exact_match, weight: 0.5}",
+        f"{{judge: {judge}, template: 'Rate: {{response}}', parser: number, "
+        "parser_args: {range: [0, 5]}, weight: 2.0, batch_size: 3}"])
 
 
 def judge_scores(folder, responses):

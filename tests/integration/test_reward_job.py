@@ -16,6 +16,7 @@ import pytest
 from helpers.judges import tiny_judge
 from helpers.paths import DEMO
 from helpers.reward_models import reward_model
+from helpers.reward_runs import reward_run_config
 from helpers.runs import rollouts
 from test_judge_run import judge_scores
 from test_reward_model_run import model_scores
@@ -34,25 +35,10 @@ def rft(*args, cwd, timeout=300):
 def test_a_local_reward_job_scores_every_explorer_once_as_the_explorer_would(
         tmp_path, tiny_model):
     rm, judge = reward_model(tmp_path / "rm"), tiny_judge(tmp_path / "judge")
-    config = tmp_path / "exp.yaml"
-    config.write_text(f"""\
-run: {{name: rj, root: {tmp_path / 'runs'}}}
-model: {{path: {tiny_model}}}
-tasks:
-  type: arithmetic
-  digits: 1
-  eval_size: 4
-  reward:
-    - {{name: exact_match, weight: 0.5}}
-    - {{model: {rm}, weight: 2.0, batch_size: 6}}
-    - {{judge: {judge}, template: 'Rate: {{response}}', parser_args: {{range: [0, 5]}}}}
-explorer: {{count: 2, tasks_per_step: 1, repeat: 4, max_new_tokens: 4,
-            reward_failure_limit: 1.0}}
-trainer: {{steps: 2, batch_size: 8}}
-eval: {{interval: 0, max_new_tokens: 4}}
-sync: {{method: checkpoint, interval: 1, offset: 1}}
-reward_job: {{count: 1}}
-""")
+    config = reward_run_config(tmp_path, "rj", tiny_model, [
+        "{name: exact_match, weight: 0.5}", f"{{model: {rm}, weight: 2.0, batch_size: 6}}",
+        f"{{judge: {judge}, template: 'Rate: {{response}}', parser_args: {{range: [0, 5]}}}}"],
+        explorer="count: 2, tasks_per_step: 1", extra="reward_job: {count: 1}\n")
     result = rft("run", config, cwd=tmp_path, timeout=540)
     assert result.returncode == 0, result.stdout + result.stderr
     stage = tmp_path / "runs" / "rj" / "stages" / "0-main"

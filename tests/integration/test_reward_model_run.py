@@ -13,6 +13,7 @@ import sys
 import pytest
 import torch
 from helpers.reward_models import reward_model
+from helpers.reward_runs import reward_run_config
 from helpers.runs import rollouts
 from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
@@ -28,23 +29,8 @@ def rft(*args, cwd, timeout=300):
 
 
 def experiment(tmp_path, tiny_model, rm):
-    config = tmp_path / "exp.yaml"
-    config.write_text(f"""\
-run: {{name: rm, root: {tmp_path / 'runs'}}}
-model: {{path: {tiny_model}}}
-tasks:
-  type: arithmetic
-  digits: 1
-  eval_size: 4
-  reward:
-    - {{name: exact_match, weight: 0.5}}
-    - {{model: {rm}, weight: 2.0, batch_size: 3}}
-explorer: {{count: 1, tasks_per_step: 2, repeat: 4, max_new_tokens: 4}}
-trainer: {{steps: 2, batch_size: 8}}
-eval: {{interval: 0, max_new_tokens: 4}}
-sync: {{method: checkpoint, interval: 1, offset: 1}}
-""")
-    return config
+    return reward_run_config(tmp_path, "rm", tiny_model, [
+        "{name: exact_match, weight: 0.5}", f"{{model: {rm}, weight: 2.0, batch_size: 3}}"])
 
 
 def model_scores(folder, pairs):
