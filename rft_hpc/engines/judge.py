@@ -9,10 +9,13 @@ evaluation) pass them in: the scorer's layer sits below the engines.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from rft_hpc.config.rewards import JudgeSpec
-from rft_hpc.engines.vllm import VLLMEngine
 from rft_hpc.tasks.judge_reward import JudgeLoader, judge_text
+
+if TYPE_CHECKING:
+    from rft_hpc.engines.vllm import VLLMEngine
 
 
 class VLLMJudge:
@@ -21,8 +24,12 @@ class VLLMJudge:
     template's end of turn, special tokens left out (as `Judge`'s)."""
 
     def __init__(self, spec: JudgeSpec, device: str) -> None:
-        self.engine = VLLMEngine(spec.judge, dtype="auto" if device.startswith("cuda")
-                                 else "float32", settings=spec.vllm)
+        # imported here: the launcher's commands import the evaluation, which names this
+        # loader, and must not pay for torch
+        from rft_hpc.engines.vllm import VLLMEngine
+
+        dtype = "auto" if device.startswith("cuda") else "float32"
+        self.engine: VLLMEngine = VLLMEngine(spec.judge, dtype=dtype, settings=spec.vllm)
         self.tokenizer = self.engine.tokenizer
         self._special = not self.tokenizer.chat_template  # raw rubrics get BOS, as `Judge`
 

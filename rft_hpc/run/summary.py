@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -19,6 +20,7 @@ SUMMARY_VERSION = 1
 _EVAL_KEYS = ("version", "taskset", "metric", "accuracy", "tasks")
 _MISMATCH = "correction/mismatch_kl"
 _STALENESS = "staleness/mean"
+_GOLD_MEAN = re.compile(r"eval_gold_mean@(\d+)_final")
 
 
 def write_summary(run: RunDir, stages: list[dict[str, Any]], *,
@@ -47,15 +49,21 @@ def write_summary(run: RunDir, stages: list[dict[str, Any]], *,
     }
     if "eval_gold_final" in stages[-1]:  # the trained reward and the gold one, side by side
         summary["eval"].update({f"{when}_{what}": stage.get(f"{key}_{when}")
-                                for key, what in gold_pairs(_eval_k(run)).items()
+                                for key, what in gold_pairs(_sampled_k(stages)).items()
                                 for when, stage in (("initial", rl), ("final", stages[-1]))})
     atomic_write_json(run.summary, summary)
     return summary
 
 
-def _eval_k(run: RunDir) -> int:
-    """The last stage's `eval.k` (samples per held-out task)."""
-    return load_config(run.config).stage_configs()[-1][1].eval.k
+def _sampled_k(stages: list[dict[str, Any]]) -> int:
+    """The `eval.k` of the stages whose results report the gold reward of samples (their
+    `eval_gold_mean@<k>_final`); 0 when none does."""
+    for stage in reversed(stages):
+        for key in stage:
+            found = _GOLD_MEAN.fullmatch(key)
+            if found:
+                return int(found[1])
+    return 0
 
 
 def finalize_run(run: RunDir, seconds: StageSeconds, *, wall_seconds: float) -> dict[str, Any]:
@@ -78,7 +86,7 @@ def write_report(run: RunDir, stages: list[dict[str, Any]]) -> Path:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    golds = gold_pairs(_eval_k(run))
+    golds = gold_pairs(_sampled_k(stages))
     series: dict[str, list[tuple[str, list[tuple[int, float]]]]] = {
         "reward_mean": [], "eval_accuracy": [], _MISMATCH: [], _STALENESS: [],
         **{key: [] for key in golds}}
