@@ -10,6 +10,7 @@ deterministic mix that a test can recompute with a plain greedy `generate`."""
 from __future__ import annotations
 
 import random
+import shutil
 from pathlib import Path
 
 from rft_hpc.models.tiny import ARITHMETIC_ALPHABET
@@ -27,8 +28,30 @@ def judge_rubric_answer(response: str) -> str:
 
 
 def tiny_judge(folder: Path, *, seed: int = 0) -> Path:
-    """The trained tiny judge in `folder` (built once): a Hugging Face causal LM folder
-    with its chat tokenizer."""
+    """The trained tiny judge: a Hugging Face causal LM folder with its chat tokenizer. It
+    is trained once per seed, this file and the library versions, for every test worker of
+    every module (a file lock; about 14 s of a core each time otherwise), in the temporary
+    folder's shared cache; `folder` is where it goes when that cache cannot be written."""
+    import fcntl
+    import hashlib
+    import tempfile
+
+    import transformers
+
+    key = hashlib.sha256(Path(__file__).read_bytes() + transformers.__version__.encode()
+                         ).hexdigest()[:16]
+    cache = Path(tempfile.gettempdir()) / "rft-hpc-test-cache" / f"judge-{seed}-{key}"
+    try:
+        cache.parent.mkdir(parents=True, exist_ok=True)
+        with open(cache.parent / f"{cache.name}.lock", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)  # one worker trains, the others wait for it
+            return _trained_judge(cache, seed)
+    except OSError:
+        return _trained_judge(folder, seed)
+
+
+def _trained_judge(folder: Path, seed: int) -> Path:
+    """Train the judge into `folder` unless it holds one already; `folder`."""
     if (folder / "config.json").is_file():
         return folder
     import torch
@@ -68,6 +91,10 @@ def tiny_judge(folder: Path, *, seed: int = 0) -> Path:
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
-    model.save_pretrained(str(folder))
-    tokenizer.save_pretrained(str(folder))
+    staging = folder.with_name(folder.name + ".tmp")  # whole or not at all
+    shutil.rmtree(staging, ignore_errors=True)
+    model.save_pretrained(str(staging))
+    tokenizer.save_pretrained(str(staging))
+    shutil.rmtree(base, ignore_errors=True)
+    staging.rename(folder)
     return folder

@@ -93,10 +93,16 @@ def test_the_gpu_rlhf_recipe_validates_and_renders_with_its_paths_set(tmp_path: 
     env = {**os.environ, "MODEL_DIR": str(tmp_path / "model"),
            "DATA_DIR": str(tmp_path / "data"), "RUN_ROOT": str(tmp_path / "runs")}
     (tmp_path / "data").mkdir()
-    write_preference_file(tmp_path / "data" / "comparisons.parquet", 20000)
+    write_preference_file(tmp_path / "data" / "comparisons.parquet", 2000)
+    # 2000 comparisons, not the recipe's 19500 rows (the stages' data are read and prepared)
+    small = [a for key, value in (("tasks.rows", "[0, 1000]"), ("tasks.eval_rows", "[1000, 1100]"),
+                                  ("stages.0.data.rows", "[0, 1800]"),
+                                  ("stages.0.data.eval_rows", "[1800, 2000]"))
+             for a in ("--set", f"{key}={value}")]
     steps = (("model", "init", "tiny", "--arch", "qwen2", "--out", env["MODEL_DIR"]),
-             ("validate", "configs/recipes/rlhf-gpu.yaml"),
-             ("render", "configs/recipes/rlhf-gpu.yaml", "--out", str(tmp_path / "scripts")))
+             ("validate", "configs/recipes/rlhf-gpu.yaml", *small),
+             ("render", "configs/recipes/rlhf-gpu.yaml", "--out", str(tmp_path / "scripts"),
+              *small))
     for args in steps:
         result = rft(*args, env=env, timeout=300)
         assert result.returncode == 0, (args, result.stdout[-2000:], result.stderr[-2000:])
