@@ -39,12 +39,14 @@ def words(task, response):
 
 def waits_for_company(task, response, *, folder, company, seconds):
     # a remote call: the worker waits, no core used, until `company` calls wait at once
-    # (or `seconds` pass): only a pool that grew to `company` workers lets them all go soon
+    # (or `seconds` pass): only a pool that grew to `company` workers lets them all go soon;
+    # its pid, negative when it gave up waiting
     open(os.path.join(folder, task.task_id), "w").close()
     end = time.monotonic() + seconds
     while len(os.listdir(folder)) < company and time.monotonic() < end:
         time.sleep(0.01)
-    return float(os.getpid())
+    met = len(os.listdir(folder)) >= company
+    return float(os.getpid() if met else -os.getpid())
 
 def computes_pid(task, response, *, seconds):
     end = time.process_time() + seconds  # a core busy for `seconds`
@@ -109,15 +111,16 @@ def test_calls_that_wait_get_workers_up_to_the_bound(user_rewards, bound, tmp_pa
     (tmp_path / "waiting").mkdir()
     with RewardPool(workers=bound, timeout=120.0, cores=1) as pool:
         assert pool.size == 1  # the pool starts small
-        t0 = time.monotonic()
         outcomes = pool.score(calls(f"{user_rewards}:waits_for_company", n=2 * bound,
                                     folder=str(tmp_path / "waiting"), company=bound,
-                                    seconds=60.0))
+                                    seconds=100.0))
         assert not any(o.failed for o in outcomes)
         # the calls waited, so more ran at once than the one core allows computing calls:
-        # `bound` of them together (else they would have waited their 60 s), never more
+        # `bound` of them together (else they would have waited their 100 s), never more
         assert len({o.score for o in outcomes}) == pool.peak == bound
-        assert time.monotonic() - t0 < 50  # they met, rather than giving up on the wait
+        # they met, rather than giving up on the wait (the reward says which: no clock here,
+        # a loaded machine starts the workers slower)
+        assert all(o.score > 0 for o in outcomes)
 
 
 def test_calls_that_compute_get_one_worker_per_core(user_rewards):
