@@ -154,5 +154,8 @@ def tasks(root: Path) -> None:
 
 
 if __name__ == "__main__" and sys.argv[1] == "tasks":
+    from rft_hpc.runtime.exit import leave_process
+
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     tasks(Path(sys.argv[2]))
+    leave_process(0)  # as `rft-hpc role trainer` ends
