@@ -32,7 +32,8 @@ while the roles run):
 Processes are told apart by their thread-group id and named by what they say they are:
 `/proc/PID/comm` when it starts with `rft-` (roles name themselves), else the command line.
 `stats` is rewritten at most twice a second: per process name, the calls of each kind, and
-the faults each process met; `log` gets one JSON line per fault struck.
+the faults each process met; `log` gets one JSON line per fault struck; `trace`, when
+given, one line per call: process, call, path (tab-separated).
 """
 
 from __future__ import annotations
@@ -100,6 +101,7 @@ class Schedule:
         self.rename_lag = float(data.get("rename_lag", 0.0))
         self.log = data.get("log")
         self.stats = data.get("stats")
+        self.trace = data.get("trace")
 
 
 class Processes:
@@ -154,6 +156,7 @@ class FaultFS(fuse.Operations):
         self.faults: defaultdict[str, Counter[str]] = defaultdict(Counter)
         self.renamed: dict[str, tuple[float, int, str | None]] = {}  # path: (until, tgid, old)
         self.written = 0.0
+        self.traced: list[str] = []
         self._reload()
 
     # -- the schedule, the counts and the faults ---------------------------------------
@@ -176,6 +179,10 @@ class FaultFS(fuse.Operations):
                     self.written = now
                     self._write_stats()
             self.calls[name][op] += 1
+            if self.schedule.trace:
+                self.traced.append(f"{name}\t{op}\t{path}\n")
+                if len(self.traced) > 1000:
+                    self._flush_trace()
             struck = None
             if fail:
                 for fault in self.schedule.faults:
@@ -205,9 +212,16 @@ class FaultFS(fuse.Operations):
             Path(tmp).write_text(json.dumps(data, sort_keys=True))
             os.replace(tmp, self.schedule.stats)
 
+    def _flush_trace(self) -> None:
+        with open(self.schedule.trace, "a") as f:
+            f.writelines(self.traced)
+        self.traced.clear()
+
     def destroy(self, path: str) -> None:
         with self.mutex:
             self._write_stats()
+            if self.schedule.trace:
+                self._flush_trace()
 
     def _real(self, path: str, tgid: int) -> str:
         """The backing path a caller sees: a lagging view sees a renamed name late."""
