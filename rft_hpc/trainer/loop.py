@@ -20,6 +20,7 @@ from rft_hpc.buffer.reader import Batch, BufferReader
 from rft_hpc.config import ExperimentConfig
 from rft_hpc.core.json_types import JSONValue
 from rft_hpc.core.rundir import RunDir
+from rft_hpc.core.storage import close_all
 from rft_hpc.eval.carry import carried_scores
 from rft_hpc.eval.heldout import HeldOutEvaluation
 from rft_hpc.eval.pairwise import PairwiseEvaluation
@@ -168,10 +169,8 @@ class TrainerLoop:
                 self.train_step(batch, t0)
             at_step(None)
             done = self.finish()
-        finally:
-            self.metrics.close()
-            self.ledger.close()
-            self.publisher.close()
+        finally:  # each closed even when another fails (a full disk fails every flush)
+            close_all((self.metrics.close, self.ledger.close, self.publisher.close))
         self.beat("done" if done else "stopped", final_version=self.step if done else None)
         if not done:
             self.stop.check_requeue()
