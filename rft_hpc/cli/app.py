@@ -91,17 +91,19 @@ def report_user_error(exc: BaseException | str) -> None:
 
 def report_storage_full(full: StorageFull) -> None:
     """Say, as one line on stderr, that this process (a role, or the launcher) stops on a
-    full disk or an exceeded quota, and what to do (best effort: stderr may be a log file on
-    that very disk; the local launcher then says it from the exit status)."""
+    full disk or an exceeded quota, and what to do; a local role also tells its launcher
+    (stderr is its log file, maybe on that very disk)."""
     import os
 
+    from rft_hpc.runtime.command import report_to_launcher
     from rft_hpc.runtime.logs import current_role
 
     again = ("resume the run (rft-hpc resume RUN)" if os.environ.get("SLURM_JOB_ID")
              else "run the same command again")
+    message = f"{current_role()} stopped: {full.describe()}: {advice(full, again)}"
+    report_to_launcher(message)
     with contextlib.suppress(Exception):
-        report_user_error(f"{current_role()} stopped: {full.describe()}: "
-                          f"{advice(full, again)}")
+        report_user_error(message)
         sys.stderr.flush()
 
 

@@ -71,22 +71,29 @@ class StoppedOnFullStorage(UserError):
 
 def storage_full(exc: BaseException | None) -> StorageFull | None:
     """The `StorageFull` that `exc` (or an exception in its chain of causes and contexts)
-    reports, None when none of them is a full disk or an exceeded quota. The path is the
-    first one the chain names."""
+    reports, None when none of them is a full disk or an exceeded quota.
+
+    The deepest `StorageFull` in the chain wins: it is the first failure, and what the
+    closing of other files (failing on the same full disk while it propagated) raised came
+    later. Without one, the first errno and path the chain names.
+    """
     code: int | None = None
     path: str | None = None
+    named: StorageFull | None = None
     seen: set[int] = set()
     e = exc
     while e is not None and id(e) not in seen:
         seen.add(id(e))
         if isinstance(e, StorageFull) and e.filename:
-            return e
+            named = e
         found = _errno_of(e)
         if found in STORAGE_FULL_ERRNOS and code is None:
             code = found
         if path is None:
             path = _path_of(e)
         e = e.__cause__ or e.__context__
+    if named is not None:
+        return named
     return None if code is None else StorageFull(code, path)
 
 

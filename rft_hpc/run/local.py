@@ -168,7 +168,9 @@ def _supervise(procs: list[RoleProcess], display: Display) -> None:
                 _stop_all(procs)
                 full = [p for p in failed if full_from_exit(p.proc.returncode) is not None]
                 if full:  # before any other failure: a full disk fails the others too
-                    raise role_stopped_full(full[0].name, full[0].proc.returncode, full[0].log)
+                    said = getattr(full[0].proc, "reported", lambda: None)()
+                    raise role_stopped_full(full[0].name, full[0].proc.returncode, full[0].log,
+                                            said)
                 tail = failed[0].log.read_text(errors="replace").strip().splitlines()[-15:]
                 raise UserError(f"role {failed[0].name} failed (exit {failed[0].proc.returncode});"
                                 f" its log is {failed[0].log}:\n" + "\n".join(tail))

@@ -94,13 +94,15 @@ def unless_full(write: Callable[..., object], *args: Any, **kwargs: Any) -> bool
     return True
 
 
-def role_stopped_full(role: str, status: int | None, log: Path) -> StoppedOnFullStorage:
+def role_stopped_full(role: str, status: int | None, log: Path,
+                      said: str | None = None) -> StoppedOnFullStorage:
     """What the launcher says when role `role` exited with `status`, a full disk's or an
-    exceeded quota's errno: the role's own message from its log (which names the path) or,
-    when the log could not hold it, the error and the role's stage folder."""
+    exceeded quota's errno: the role's own message (`said` on its report pipe, else the last
+    one in its log), which names the path, or else the error and the role's stage folder."""
     full = full_from_exit(status)
     assert full is not None, status
-    said = _last_line(log, f"error: {role} stopped: ")
+    if said is None:
+        said = _last_line(log, f"error: {role} stopped: ")
     if said is not None:
         return StoppedOnFullStorage(said.removeprefix("error: "), full)
     return StoppedOnFullStorage(

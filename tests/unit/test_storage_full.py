@@ -131,3 +131,14 @@ def test_the_launcher_names_the_role_the_error_and_the_path(tmp_path):
     said = role_stopped_full("explorer-1", 122, log)
     assert "Disk quota exceeded (EDQUOT)" in str(said) and str(tmp_path / "stage") in str(said)
     assert str(said).count("nothing committed is lost") == 1
+
+
+def test_the_first_failure_is_named_not_the_closes_that_failed_after_it():
+    try:
+        try:
+            raise StorageFull(errno.ENOSPC, "/runs/buffer/explorer-0/00000003.h5")
+        finally:
+            raise StorageFull(errno.ENOSPC, "/runs/ledger/explorer-0.jsonl")
+    except OSError as exc:
+        full = storage_full(exc)
+    assert full is not None and full.filename == "/runs/buffer/explorer-0/00000003.h5"
