@@ -1,0 +1,77 @@
+"""A disk that fills up (ENOSPC) or a quota that runs out (EDQUOT) in the middle of a real
+run: every role's writes go through the fault filesystem (tests/helpers/faultfs), whose
+fault, once struck, fails every later write of every process until it is lifted. The run
+stops with one message naming the error and the path, without a traceback; the same command
+run again once space is back finishes it, and every record in the buffer (counted with
+plain h5py) is trained on exactly once, as `rft-hpc audit` checks."""
+
+from __future__ import annotations
+
+import errno
+import json
+from pathlib import Path
+
+import h5py
+import pytest
+from helpers.faultfs import FaultMount
+from helpers.paths import DEMO
+from helpers.runs import rft, short
+
+pytestmark = [pytest.mark.needs_program("fusermount3"), pytest.mark.needs_module("mfusepy")]
+
+OPS = {"ENOSPC": ["write", "fsync"], "EDQUOT": ["write", "fsync", "create", "mkdir"]}
+"""The calls each error strikes: a full disk fails writes, an exceeded quota creates too."""
+SEED, RATE = 5, 0.002
+"""The fault's generator first strikes the 574th matching call of the run's ~1300 (every
+process's calls in one sequence): about halfway, whichever process makes it."""
+RECORDS = 2 * 6 * 2 * 8  # explorers x steps x tasks x repeat
+
+
+def buffer_records(stage: Path) -> int:
+    """Records in the committed segment and archive files of a stage's buffer, read with
+    plain h5py (temporary files are not committed: never opened)."""
+    files = [p for p in (stage / "buffer").glob("explorer-*/*.h5")
+             if not p.name.startswith(".tmp-")]
+    total = 0
+    for path in files:
+        with h5py.File(path, "r") as f:
+            total += int(f.attrs["num_records"])
+    return total
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("code", ["ENOSPC", "EDQUOT"])
+def test_a_full_disk_stops_the_run_with_one_message_and_the_same_command_finishes_it(
+        tmp_path, tiny_model, code):
+    fault = {"ops": OPS[code], "errno": code, "rate": RATE, "sticky": True}
+    with FaultMount(tmp_path / "fs", {"seed": SEED, "faults": [fault]}) as fs:
+        run_dir = fs.path / "demo"
+        stage = run_dir / "stages" / "0-main"
+        command = ("run", DEMO, *short(fs.path, tiny_model, "--set", "stages=[]",
+                                       "--set", "eval.interval=0"))
+        first = rft(*command, timeout=600)
+        said = first.stdout + first.stderr
+        assert first.returncode == getattr(errno, code), said[-3000:]
+        assert "Traceback" not in said, said[-3000:]
+        errors = [line for line in said.splitlines() if "error" in line.lower()]
+        assert len(errors) == 1, errors
+        assert errors[0].startswith("error: ") and " stopped: " in errors[0], errors
+        assert f"({code}) writing {run_dir}/" in errors[0], errors
+        assert "then run the same command again; nothing committed is lost" in errors[0]
+        hits = fs.fired()
+        assert hits and {h["errno"] for h in hits} == {code}, hits
+        assert 0 < buffer_records(stage) < RECORDS  # struck in the middle of the run
+
+        fs.update(faults=[])  # space is back
+        again = rft(*command, timeout=600)
+        assert again.returncode == 0, (again.stdout + again.stderr)[-3000:]
+        assert "Traceback" not in again.stdout + again.stderr
+
+        written = buffer_records(stage)
+        assert written == RECORDS
+        assert not [p for p in stage.rglob(".tmp-*")]  # nothing half-written is left
+        report = rft("audit", run_dir, "--json", timeout=300)
+        assert report.returncode == 0, report.stdout[-3000:]
+        records = json.loads(report.stdout)["stages"][0]["records"]
+        assert records["consumed"] == records["in_buffer"] == written, records
+        assert records["lost"] == 0 and records["unconsumed"] == 0, records
