@@ -20,7 +20,7 @@ from rft_hpc.buffer.reader import Batch, BufferReader
 from rft_hpc.config import ExperimentConfig
 from rft_hpc.core.json_types import JSONValue
 from rft_hpc.core.rundir import RunDir
-from rft_hpc.core.storage import close_all
+from rft_hpc.core.storage import close_all, storage_full
 from rft_hpc.eval.carry import carried_scores
 from rft_hpc.eval.heldout import HeldOutEvaluation
 from rft_hpc.eval.pairwise import PairwiseEvaluation
@@ -86,12 +86,14 @@ class Followers:
         self.dist = dist
         self.every = min(60.0, dist.timeout / 4)
         self.last = time.monotonic()
+        self.stopped = False  # told to stop already: they are gone
 
     def send(self, kind: str) -> None:
         """Send `kind` to the other ranks. A failed `stop` (another rank is gone already)
         is only logged: rank 0 still saves, publishes and reports."""
-        if not self.dist.distributed:
+        if not self.dist.distributed or (kind == "stop" and self.stopped):
             return
+        self.stopped = kind == "stop"
         try:
             broadcast_object(kind, self.dist)
         except RuntimeError as exc:  # c10d's errors (DistBackendError ...) are RuntimeErrors
@@ -169,6 +171,10 @@ class TrainerLoop:
                 self.train_step(batch, t0)
             at_step(None)
             done = self.finish()
+        except BaseException as exc:
+            if storage_full(exc) is not None:  # met between collectives: the others wait
+                self.followers.send("stop")  # for a message; they end instead of timing out
+            raise
         finally:  # each closed even when another fails (a full disk fails every flush)
             close_all((self.metrics.close, self.ledger.close, self.publisher.close))
         self.beat("done" if done else "stopped", final_version=self.step if done else None)

@@ -75,3 +75,18 @@ def test_a_full_disk_stops_the_run_with_one_message_and_the_same_command_finishe
         records = json.loads(report.stdout)["stages"][0]["records"]
         assert records["consumed"] == records["in_buffer"] == written, records
         assert records["lost"] == 0 and records["unconsumed"] == 0, records
+
+
+def test_a_run_that_starts_on_a_full_disk_says_so_at_once(tmp_path, tiny_model):
+    fault = {"ops": OPS["ENOSPC"], "errno": "ENOSPC", "rate": 1.0, "sticky": True}
+    with FaultMount(tmp_path / "fs", {"seed": 0, "faults": [fault]}) as fs:
+        result = rft("run", DEMO, *short(fs.path, tiny_model), timeout=300)
+    said = result.stdout + result.stderr
+    assert result.returncode == errno.ENOSPC, said[-3000:]
+    assert "Traceback" not in said
+    lines = said.strip().splitlines()
+    assert len(lines) == 1, said
+    assert lines[0].startswith("error: rft-hpc stopped: No space left on device (ENOSPC) "
+                               f"writing {fs.path}/demo"), lines
+    assert lines[0].endswith("free space or raise the quota, then run the same command "
+                             "again; nothing committed is lost"), lines
