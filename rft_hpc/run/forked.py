@@ -22,7 +22,8 @@ from collections.abc import Mapping, Sequence
 from multiprocessing.connection import Connection
 from pathlib import Path
 
-from rft_hpc.runtime.command import REPORT_FD_ENV, REPORT_MAX_BYTES
+from rft_hpc.core.storage import StorageFull, advice, exit_status, storage_full
+from rft_hpc.runtime.command import REPORT_FD_ENV, REPORT_MAX_BYTES, report_to_launcher
 
 PRELOAD = ("torch", "transformers", "transformers.models.auto.modeling_auto",
            "transformers.generation.utils", "rft_hpc.cli.app", "rft_hpc.cli.run_cmd",
@@ -47,7 +48,15 @@ def _run_command(cmd: list[str], env: dict[str, str], log: str, report: Connecti
     os.environ.update(env)
     _REPORT.append(report)
     os.environ[REPORT_FD_ENV] = str(report.fileno())
-    fd = os.open(log, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        fd = os.open(log, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    except OSError as exc:  # a full disk: said on the pipe, as the role itself would
+        full = storage_full(exc)
+        if full is None:
+            raise
+        full = StorageFull(int(full.errno), log)
+        report_to_launcher(f"{Path(log).stem} stopped: {full.describe()}: {advice(full)}")
+        os._exit(exit_status(full))
     os.dup2(fd, 1)
     os.dup2(fd, 2)
     os.close(fd)

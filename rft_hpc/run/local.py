@@ -24,7 +24,7 @@ from pathlib import Path
 from rft_hpc.config import ExperimentConfig
 from rft_hpc.core.errors import UserError
 from rft_hpc.core.rundir import RunDir, atomic_write_json, read_json
-from rft_hpc.core.storage import StoppedOnFullStorage, full_from_exit
+from rft_hpc.core.storage import full_from_exit, storage_full
 from rft_hpc.eval.results import result_path
 from rft_hpc.run.display import Display
 from rft_hpc.run.forked import ForkedProcess, forkable
@@ -98,7 +98,19 @@ def _roles(config: ExperimentConfig, run: RunDir, record: ProcessRecord) -> list
     # sync.method mpi: each role an MPI program of its own, as srun --mpi makes it in a job
     launcher = mpi_launcher() if config.sync.method == "mpi" else []
     threads = local_threads(config)  # the roles share this machine's cores
-    procs = []
+    procs: list[RoleProcess] = []
+    try:
+        _start_roles(config, run, record, launcher, threads, procs)
+    except BaseException:  # e.g. a log that cannot be created: stop those already started
+        _stop_all(procs)
+        raise
+    return procs
+
+
+def _start_roles(config: ExperimentConfig, run: RunDir, record: ProcessRecord,
+                 launcher: list[str], threads: dict[str, int],
+                 procs: list[RoleProcess]) -> None:
+    """Start the roles of `config`'s mode, each appended to `procs` as it starts."""
     if config.mode == "bench":
         procs.append(_start("bench", role_command("bench-stage", run.root), run,
                             threads["trainer"], record))
@@ -113,7 +125,6 @@ def _roles(config: ExperimentConfig, run: RunDir, record: ProcessRecord) -> list
             procs.append(_start(f"explorer-{i}",
                                 [*launcher, *role_command("explorer", run.root, i)], run,
                                 threads["explorer"], record))
-    return procs
 
 
 def mpi_launcher() -> list[str]:
@@ -201,11 +212,11 @@ def run_local(config_path: Path, overrides: list[str] | None = None, *,
     record = ProcessRecord(run)
     try:
         result = _run_stages(config, run, record, live)
-    except (Interrupted, KeyboardInterrupt, StoppedOnFullStorage):
+    except (Interrupted, KeyboardInterrupt):
         record.ended("stopped")
         raise
-    except BaseException:
-        record.ended("failed")
+    except BaseException as exc:  # a full disk: stopped, the same command resumes
+        record.ended("stopped" if storage_full(exc) is not None else "failed")
         raise
     record.ended("done")
     return result
