@@ -15,6 +15,7 @@ import h5py
 import pytest
 from helpers.faultfs import FaultMount
 from helpers.paths import DEMO
+from helpers.ranks import finish, sft_stage, start_ranks, trainer_command
 from helpers.runs import rft, short
 
 pytestmark = [pytest.mark.needs_program("fusermount3"), pytest.mark.needs_module("mfusepy")]
@@ -90,3 +91,21 @@ def test_a_run_that_starts_on_a_full_disk_says_so_at_once(tmp_path, tiny_model):
                                f"writing {fs.path}/demo"), lines
     assert lines[0].endswith("free space or raise the quota, then run the same command "
                              "again; nothing committed is lost"), lines
+
+
+@pytest.mark.timeout(300)
+def test_a_full_disk_at_rank_0s_checkpoint_stops_every_trainer_rank(tmp_path, tiny_model):
+    fault = {"ops": OPS["EDQUOT"], "errno": "EDQUOT", "rate": 1.0, "sticky": True,
+             "path": "/ckpt/"}  # the checkpoints alone: rank 0's first save fails
+    with FaultMount(tmp_path / "fs", {"seed": 0, "faults": [fault]}) as fs:
+        stage = sft_stage(fs.path, tiny_model, "full", steps=4, save_interval=2, batch_size=4)
+        procs = start_ranks(trainer_command(stage), 2, tmp_path / "dist-1")
+        # the other rank is told to stop, not left waiting for the collective timeout
+        results = finish(procs, timeout=120)
+        assert fs.fired()
+        assert not (stage / "ckpt" / "LATEST").exists()
+    assert [rc for rc, _ in results] == [errno.EDQUOT, 0], [e[-3000:] for _, e in results]
+    errors = [line for _, err in results for line in err.splitlines() if "error" in line.lower()]
+    assert len(errors) == 1 and errors[0].startswith(
+        f"error: trainer stopped: Disk quota exceeded (EDQUOT) writing {stage}/ckpt/"), errors
+    assert not any("Traceback" in err for _, err in results)
