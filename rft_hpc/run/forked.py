@@ -23,7 +23,7 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 
 from rft_hpc.core.storage import StorageFull, advice, exit_status, storage_full
-from rft_hpc.runtime.command import REPORT_FD_ENV, REPORT_MAX_BYTES, report_to_launcher
+from rft_hpc.runtime.command import REPORT_MAX_BYTES, report_pipe, report_to_launcher
 
 PRELOAD = ("torch", "transformers", "transformers.models.auto.modeling_auto",
            "transformers.generation.utils", "rft_hpc.cli.app", "rft_hpc.cli.run_cmd",
@@ -47,7 +47,7 @@ def _run_command(cmd: list[str], env: dict[str, str], log: str, report: Connecti
     os.setsid()  # as Popen(start_new_session=True): Ctrl-C reaches only the launcher
     os.environ.update(env)
     _REPORT.append(report)
-    os.environ[REPORT_FD_ENV] = str(report.fileno())
+    report_pipe(report.fileno())
     try:
         fd = os.open(log, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
     except OSError as exc:  # a full disk: said on the pipe, as the role itself would
