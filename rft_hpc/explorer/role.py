@@ -251,19 +251,22 @@ class ExplorerLoop:
         """Write a finished step and account for it (metrics, ledger, heartbeat, log)."""
         experiences, values = done.experiences, done.metrics
         values.update(self.pipeline.process(done.step, experiences))
-        self.writer.write_step(done.step, experiences)
         last = max((e.info.get("last_version", e.policy_version) for e in experiences),
                    default=done.version)
+        first = min((e.policy_version for e in experiences), default=done.version)
+        entry = {"version": first} if last == first else {"version": first,
+                                                           "last_version": last}
+        # in the ledger before the writer has it: a step whose segment is never committed
+        # (a failure, a full disk) is redone and its event void, while a committed segment
+        # that the ledger lacks (the commit runs on; the append failed) would break the audit
+        self.ledger.append("step", step=done.step, records=len(experiences), **entry,
+                           seconds=round(done.seconds, 4))
+        self.writer.write_step(done.step, experiences)
         values.update(version=self.engine.version, seconds=done.seconds,
                       wait_seconds=self.follower.waited, sync_fallbacks=self.follower.fallbacks,
                       **io_metrics())  # this process's retried reads (weights)
         self.follower.waited = 0.0
         self.metrics.log(done.step, values)
-        first = min((e.policy_version for e in experiences), default=done.version)
-        entry = {"version": first} if last == first else {"version": first,
-                                                           "last_version": last}
-        self.ledger.append("step", step=done.step, records=len(experiences), **entry,
-                           seconds=round(done.seconds, 4))
         self.clock.observe_step(done.seconds)
         self.step = done.step + 1
         self.beat("running")
