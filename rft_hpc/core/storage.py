@@ -57,6 +57,10 @@ class StorageFull(OSError):
     def __str__(self) -> str:
         return self.describe()
 
+    def __reduce__(self) -> tuple[type[StorageFull], tuple[int, str | None]]:
+        # OSError pickles its (errno, strerror, filename); this constructor takes two
+        return StorageFull, (int(self.errno), self.filename)
+
 
 class StoppedOnFullStorage(UserError):
     """A run stopped because one of its roles (or the launcher) met a full disk or an

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import errno
 import os
+import pickle
 
 import pytest
 import torch
@@ -142,3 +143,9 @@ def test_the_first_failure_is_named_not_the_closes_that_failed_after_it():
     except OSError as exc:
         full = storage_full(exc)
     assert full is not None and full.filename == "/runs/buffer/explorer-0/00000003.h5"
+
+
+def test_a_full_disk_crosses_process_boundaries_whole():
+    full = pickle.loads(pickle.dumps(StorageFull(errno.EDQUOT, "/runs/x.h5")))
+    assert isinstance(full, StorageFull) and full.describe() == \
+        "Disk quota exceeded (EDQUOT) writing /runs/x.h5"
