@@ -16,6 +16,8 @@ import pytest
 from helpers.faultfs import FaultMount
 from helpers.paths import DEMO
 from helpers.ranks import finish, sft_stage, start_ranks, trainer_command
+from helpers.reward_models import reward_model
+from helpers.reward_runs import reward_run_config
 from helpers.runs import rft, short
 
 pytestmark = [pytest.mark.needs_program("fusermount3"), pytest.mark.needs_module("mfusepy")]
@@ -109,3 +111,31 @@ def test_a_full_disk_at_rank_0s_checkpoint_stops_every_trainer_rank(tmp_path, ti
     assert len(errors) == 1 and errors[0].startswith(
         f"error: trainer stopped: Disk quota exceeded (EDQUOT) writing {stage}/ckpt/"), errors
     assert not any("Traceback" in err for _, err in results)
+
+
+@pytest.mark.timeout(600)
+def test_a_reward_job_on_a_full_disk_stops_the_run_and_its_next_process_answers(
+        tmp_path, tiny_model):
+    fault = {"ops": OPS["ENOSPC"], "errno": "ENOSPC", "rate": 1.0, "sticky": True,
+             "path": "/reward/", "process": "reward"}  # its first response cannot be written
+    rm = reward_model(tmp_path / "rm")
+    with FaultMount(tmp_path / "fs", {"seed": 0, "faults": [fault]}) as fs:
+        config = reward_run_config(fs.path, "rj", tiny_model,
+                                   [f"{{model: {rm}, weight: 1.0, batch_size: 6}}"],
+                                   extra="reward_job: {count: 1}\n")
+        first = rft("run", config, timeout=300)
+        said = first.stdout + first.stderr
+        assert first.returncode == errno.ENOSPC, said[-3000:]
+        errors = [line for line in said.splitlines() if "error" in line.lower()]
+        stage = fs.path / "runs" / "rj" / "stages" / "0-main"
+        assert len(errors) == 1 and errors[0].startswith(
+            "error: reward-0 stopped: No space left on device (ENOSPC) writing "
+            f"{stage}/reward/job-0/"), errors
+        assert "Traceback" not in said
+        fs.update(faults=[])
+        again = rft("run", config, timeout=300)
+        assert again.returncode == 0, (again.stdout + again.stderr)[-3000:]
+        report = rft("audit", fs.path / "runs" / "rj", "--json", timeout=300)
+        assert report.returncode == 0, report.stdout[-3000:]
+        records = json.loads(report.stdout)["stages"][0]["records"]
+        assert records["consumed"] == records["in_buffer"] == buffer_records(stage) == 16
