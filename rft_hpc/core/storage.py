@@ -11,7 +11,7 @@ and torch.save to a path as a bare "file write failed" (rft-hpc writes checkpoin
 a Python file, so its `OSError` comes through). `storage_full` sees it in an exception or
 anywhere in its chain and returns a `StorageFull` that names the errno and, when known, the
 path; a role ends on it with `exit_status` (the errno itself: 28 or 122), which Slurm's
-accounting, `rft-hpc status` and the local launcher read, and which is not requeued.
+accounting shows and the local launcher reads, and which a job script does not requeue.
 """
 
 from __future__ import annotations
