@@ -25,6 +25,7 @@ from rft_hpc.buffer.segment import (
 )
 from rft_hpc.buffer.segment_write import write_segment_file
 from rft_hpc.core.rundir import TEMP_PREFIX, commit_file, is_temporary
+from rft_hpc.core.storage import raise_if_full
 
 log = logging.getLogger(__name__)
 
@@ -96,8 +97,9 @@ class SegmentWriter:
             self.bytes_written += write_segment_file(
                 tmp, self.kind, self._pending, writer=self.writer, step_start=start,
                 step_end=end)
-        except BaseException:
+        except BaseException as exc:
             tmp.unlink(missing_ok=True)
+            raise_if_full(exc, final)  # a full disk: named with the segment (StorageFull)
             raise
         self._pending = []
         self._pending_steps = 0

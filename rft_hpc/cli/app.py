@@ -6,6 +6,7 @@ bad options) end as one message on stderr and a non-zero exit status, never a tr
 
 from __future__ import annotations
 
+import contextlib
 import sys
 
 import typer
@@ -14,6 +15,7 @@ from rich.markup import escape
 from rft_hpc import __version__
 from rft_hpc.core.console import err_console
 from rft_hpc.core.errors import UserError
+from rft_hpc.core.storage import StorageFull, advice, exit_status, storage_full
 from rft_hpc.runtime.lifecycle import REQUEUE_EXIT, RequeueRequested
 
 app = typer.Typer(
@@ -81,14 +83,33 @@ def _register_commands() -> None:
     app.add_typer(run_cmd.role_app, name="role", hidden=True)
 
 
-def report_user_error(exc: BaseException) -> None:
+def report_user_error(exc: BaseException | str) -> None:
     """Print a user error as one clear message (no traceback)."""
     # The message is plain text: escape it, or rich would eat "[...]" and choke on "[/]".
     err_console.print(f"[bold red]error:[/] {escape(str(exc))}", markup=True, highlight=False)
 
 
+def report_storage_full(full: StorageFull) -> None:
+    """Say, as one line on stderr, that this process (a role, or the launcher) stops on a
+    full disk or an exceeded quota, and what to do; a local role also tells its launcher
+    (stderr is its log file, maybe on that very disk)."""
+    import os
+
+    from rft_hpc.runtime.command import report_to_launcher
+    from rft_hpc.runtime.logs import current_role
+
+    again = ("resume the run (rft-hpc resume RUN)" if os.environ.get("SLURM_JOB_ID")
+             else "run the same command again")
+    message = f"{current_role()} stopped: {full.describe()}: {advice(full, again)}"
+    report_to_launcher(message)
+    with contextlib.suppress(Exception):
+        report_user_error(message)
+        sys.stderr.flush()
+
+
 def main() -> None:
-    """Console-script entry point: run the app, turning user errors into exit status 2 and a
+    """Console-script entry point: run the app, turning user errors into exit status 2 (a
+    stop on a full disk or an exceeded quota into its errno, 28 or 122: `StorageFull`) and a
     role's request to be requeued into `REQUEUE_EXIT`."""
     _register_commands()
     try:
@@ -103,7 +124,7 @@ def main() -> None:
         sys.exit(130)
     except UserError as exc:
         report_user_error(exc)
-        sys.exit(2)
+        sys.exit(getattr(exc, "exit_status", 2))
     except RequeueRequested as exc:  # a role saved and asks to be started again
         err_console.print(f"rft-hpc: {exc}")
         sys.exit(REQUEUE_EXIT)
@@ -114,6 +135,10 @@ def main() -> None:
         if isinstance(exc, _usage_error_types()) and hasattr(exc, "show"):
             exc.show()
             sys.exit(getattr(exc, "exit_code", 2))
+        full = storage_full(exc)
+        if full is not None:  # no traceback: one message, and the errno as exit status
+            report_storage_full(full)
+            sys.exit(exit_status(full))
         raise
 
 

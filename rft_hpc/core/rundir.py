@@ -13,6 +13,8 @@ Layout (docs/run-directory.md, version 1)::
 
 Every file another role reads is written with `atomic_write_bytes` (or one of its wrappers):
 temporary name, flush, fsync, rename, fsync of the folder. No file locks are used anywhere.
+A write that meets a full disk or an exceeded quota removes its temporary file and raises
+`rft_hpc.core.storage.StorageFull` naming the file.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from rft_hpc.core.errors import UserError
+from rft_hpc.core.storage import raise_if_full
 
 RUNDIR_LAYOUT_VERSION = 1
 
@@ -58,11 +61,15 @@ def commit_file(tmp: str | os.PathLike[str], final: str | os.PathLike[str], *,
     With `durable`, the file's data is fsynced before the rename and the folder after it,
     so that after a crash the final name either does not exist or holds the whole file.
     """
-    if durable:
-        fsync_file(tmp)
-    os.replace(tmp, final)
-    if durable:
-        fsync_dir(Path(final).parent)
+    try:
+        if durable:
+            fsync_file(tmp)
+        os.replace(tmp, final)
+        if durable:
+            fsync_dir(Path(final).parent)
+    except OSError as exc:  # a full disk: named as such, with the file (StorageFull)
+        raise_if_full(exc, final)
+        raise
 
 
 def atomic_write_bytes(path: str | os.PathLike[str], data: bytes, *, durable: bool = True) -> None:
@@ -71,7 +78,11 @@ def atomic_write_bytes(path: str | os.PathLike[str], data: bytes, *, durable: bo
     Temporary name in the same folder, write, flush, fsync, rename, fsync of the folder.
     """
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise_if_full(exc, path.parent)
+        raise
     # A fresh name opened with O_EXCL (as mkstemp does) but with the usual mode, so that the
     # file respects the umask and a run directory shared with a group stays readable.
     tmp = path.parent / f"{TEMP_PREFIX}{path.name}.{os.getpid()}.{secrets.token_hex(4)}"
@@ -82,11 +93,12 @@ def atomic_write_bytes(path: str | os.PathLike[str], data: bytes, *, durable: bo
             if durable:
                 os.fsync(f.fileno())
         os.replace(tmp, path)
-    except BaseException:
+        if durable:
+            fsync_dir(path.parent)
+    except BaseException as exc:
         Path(tmp).unlink(missing_ok=True)
+        raise_if_full(exc, path)  # a full disk: named as such, with the file (StorageFull)
         raise
-    if durable:
-        fsync_dir(path.parent)
 
 
 def atomic_write_text(path: str | os.PathLike[str], text: str, *, durable: bool = True) -> None:

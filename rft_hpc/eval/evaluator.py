@@ -53,16 +53,18 @@ def run_evaluator(stage_dir: Path, index: int) -> dict[str, Any]:
     at_step(1)
     t0 = time.monotonic()
     engine = build_engine(config)  # the explorers' engine: vLLM where they use it
-    if version == 0:
-        load_start_weights(engine, config)
-    else:
-        engine.load_weights(load_weights(run.weights, version), version)
-    _, tasks = build_tasks(config.tasks, config.run.seed)
-    scores = tool_task_scores(engine, tasks, config) if plays_tools(config) else heldout_scores(
-        engine, tasks, config.eval, temperature=config.explorer.temperature,
-        seed=config.run.seed)
-    if hasattr(engine, "close"):
-        engine.close()
+    try:
+        if version == 0:
+            load_start_weights(engine, config)
+        else:
+            engine.load_weights(load_weights(run.weights, version), version)
+        _, tasks = build_tasks(config.tasks, config.run.seed)
+        scores = tool_task_scores(engine, tasks, config) if plays_tools(config) \
+            else heldout_scores(engine, tasks, config.eval,
+                                temperature=config.explorer.temperature, seed=config.run.seed)
+    finally:  # also when it fails: a vLLM engine's workers would hold the process
+        if hasattr(engine, "close"):
+            engine.close()
     accuracy = scores.pop("eval_accuracy")
     result = {"format_version": EVAL_RESULT_VERSION, "version": version,
               "taskset": "eval", "metric": "reward", "accuracy": accuracy,

@@ -18,6 +18,7 @@ taking new weights at step boundaries.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from collections.abc import Callable
@@ -30,6 +31,7 @@ from rft_hpc.config import ExperimentConfig
 from rft_hpc.core.json_types import JSONValue
 from rft_hpc.core.retry import io_metrics
 from rft_hpc.core.rundir import RunDir
+from rft_hpc.core.storage import close_all
 from rft_hpc.engines import build_engine
 from rft_hpc.engines.judge import judge_loaders
 from rft_hpc.engines.protocol import StreamingEngine
@@ -249,19 +251,22 @@ class ExplorerLoop:
         """Write a finished step and account for it (metrics, ledger, heartbeat, log)."""
         experiences, values = done.experiences, done.metrics
         values.update(self.pipeline.process(done.step, experiences))
-        self.writer.write_step(done.step, experiences)
         last = max((e.info.get("last_version", e.policy_version) for e in experiences),
                    default=done.version)
+        first = min((e.policy_version for e in experiences), default=done.version)
+        entry = {"version": first} if last == first else {"version": first,
+                                                           "last_version": last}
+        # in the ledger before the writer has it: a step whose segment is never committed
+        # (a failure, a full disk) is redone and its event void, while a committed segment
+        # that the ledger lacks (the commit runs on; the append failed) would break the audit
+        self.ledger.append("step", step=done.step, records=len(experiences), **entry,
+                           seconds=round(done.seconds, 4))
+        self.writer.write_step(done.step, experiences)
         values.update(version=self.engine.version, seconds=done.seconds,
                       wait_seconds=self.follower.waited, sync_fallbacks=self.follower.fallbacks,
                       **io_metrics())  # this process's retried reads (weights)
         self.follower.waited = 0.0
         self.metrics.log(done.step, values)
-        first = min((e.policy_version for e in experiences), default=done.version)
-        entry = {"version": first} if last == first else {"version": first,
-                                                           "last_version": last}
-        self.ledger.append("step", step=done.step, records=len(experiences), **entry,
-                           seconds=round(done.seconds, 4))
         self.clock.observe_step(done.seconds)
         self.step = done.step + 1
         self.beat("running")
@@ -293,8 +298,7 @@ class ExplorerLoop:
 
     def close(self) -> None:
         """Close the metrics and the ledger."""
-        self.metrics.close()
-        self.ledger.close()
+        close_all((self.metrics.close, self.ledger.close))
 
 
 def _engine_starter(config: ExperimentConfig) -> EngineStarter:
@@ -316,31 +320,33 @@ def run_explorer(stage_dir: Path, index: int) -> int:
     config, run = load_stage(stage_dir)
     set_threads(config.explorer.threads, config.explorer.cpus)  # logs how many and why
     stop = StopFlag()
-    writer = SegmentWriter(run.buffer, role, "rl", durable=config.buffer.fsync,
-                           steps_per_segment=config.buffer.steps_per_segment,
-                           background_commit=True)
-    pipeline = ExplorerPipeline(config, run, index, committed_step=writer.next_step)
-    workflow = WORKFLOWS[config.explorer.workflow.type](config, run, role,
-                                                         _engine_starter(config))
-    clock = JobClock(config.launch.slurm.walltime_margin)
-    follower = WeightFollower(run, workflow.engine, stop, clock,
-                              build_receiver(config, run, index))
-    loop = ExplorerLoop(config, run, index, workflow=workflow, writer=writer,
-                        pipeline=pipeline, follower=follower, clock=clock, stop=stop)
-    log.info("starting at step %d of %d (weights version %s)", loop.step, loop.total,
-             loop.engine.version)
-    try:
-        loop.explore()
-        while loop.step >= loop.total and loop.await_replacements():
+    # everything started is closed however the role ends (a full disk can fail any part's
+    # start): reward workers left running would hold the process at its exit
+    with contextlib.ExitStack() as parts:
+        writer = SegmentWriter(run.buffer, role, "rl", durable=config.buffer.fsync,
+                               steps_per_segment=config.buffer.steps_per_segment,
+                               background_commit=True)
+        pipeline = ExplorerPipeline(config, run, index, committed_step=writer.next_step)
+        parts.callback(pipeline.close)
+        workflow = WORKFLOWS[config.explorer.workflow.type](config, run, role,
+                                                             _engine_starter(config))
+        parts.callback(workflow.close)  # multi-turn: carried stragglers die (documented)
+        clock = JobClock(config.launch.slurm.walltime_margin)
+        follower = WeightFollower(run, workflow.engine, stop, clock,
+                                  build_receiver(config, run, index))
+        try:
+            loop = ExplorerLoop(config, run, index, workflow=workflow, writer=writer,
+                                pipeline=pipeline, follower=follower, clock=clock, stop=stop)
+            parts.callback(loop.close)
+            log.info("starting at step %d of %d (weights version %s)", loop.step, loop.total,
+                     loop.engine.version)
             loop.explore()
-        loop.finish()
-    except BaseException:
-        follower.close()
-        raise
-    finally:
-        workflow.close()  # multi-turn: carried stragglers die with the process (documented)
-        loop.close()
-        pipeline.close()
+            while loop.step >= loop.total and loop.await_replacements():
+                loop.explore()
+            loop.finish()
+        except BaseException:
+            follower.close()
+            raise
     done = loop.step >= loop.total
     loop.beat("done" if done else "stopped")
     if done:  # the trainer may be sending a version already: take it

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from rft_hpc.core.retry import PROCESS_RETRY
+from rft_hpc.core.storage import append_whole, cut_torn_tail, raise_if_full
 from rft_hpc.ledger.replay import LEDGER_VERSION, replay
 
 
@@ -31,7 +32,7 @@ class LedgerWriter:
         self.path = ledger_dir / f"{role}.jsonl"
         self.durable = durable
         self._fd = os.open(self.path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o666)
-        PROCESS_RETRY.read("ledger", self.path, lambda: _cut_torn_tail(self._fd))
+        PROCESS_RETRY.read("ledger", self.path, lambda: cut_torn_tail(self._fd))
         if os.fstat(self._fd).st_size == 0:
             self.append("ledger", ledger_version=LEDGER_VERSION, role=role)
 
@@ -39,9 +40,9 @@ class LedgerWriter:
         """Append one event (with the time) in one write; fsync it when durable."""
         line = json.dumps({"event": event, "time": time.time(), **fields},
                           separators=(",", ":")) + "\n"
-        os.write(self._fd, line.encode("utf-8"))
+        append_whole(self._fd, line.encode("utf-8"), self.path)
         if self.durable:
-            os.fsync(self._fd)
+            self.sync()
 
     def start(self, resume_step: int, *, first_redone: int) -> RestartCount:
         """Record that a process of this role started, resuming at `resume_step` (see
@@ -56,7 +57,11 @@ class LedgerWriter:
 
     def sync(self) -> None:
         """Put every event appended so far on stable storage."""
-        os.fsync(self._fd)
+        try:
+            os.fsync(self._fd)
+        except OSError as exc:
+            raise_if_full(exc, self.path)
+            raise
 
     def close(self) -> None:
         """Put every event on stable storage and close the file."""
@@ -81,13 +86,3 @@ def compact_refs(refs: Iterable[Any]) -> list[list[Any]]:
     for ref in refs:
         groups.setdefault((ref.writer, ref.segment), []).append(ref.index)
     return [[w, s, idx] for (w, s), idx in groups.items()]
-
-
-def _cut_torn_tail(fd: int) -> None:
-    """Drop a last line without its newline (a writer killed mid-write): appending after it
-    would glue two events into one unreadable line."""
-    size = os.fstat(fd).st_size
-    if size == 0 or os.pread(fd, 1, size - 1) == b"\n":
-        return
-    data = os.pread(fd, size, 0)
-    os.ftruncate(fd, data.rfind(b"\n") + 1)

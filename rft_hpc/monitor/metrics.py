@@ -1,20 +1,26 @@
 """Metrics of one role: JSON lines in `metrics/<role>.jsonl` and TensorBoard events.
 
 Each line is one complete JSON object (`{"step": ..., "time": ..., "<name>": value}`),
-appended and flushed at once, so a reader tailing the file never sees half a record and a
-restarted role continues the same file. TensorBoard gets one event per `log` holding every
+appended whole in one write (a short write on a filling disk is cut off again and raised as
+`StorageFull`), so a reader tailing the file never sees half a record and a restarted role
+continues the same file. TensorBoard gets one event per `log` holding every
 numeric value as a scalar tagged with its name (one event per value, as `add_scalar` writes
-them, cost a role ~1 ms a step for its ~30 metrics).
+them, cost a role ~1 ms a step for its ~30 metrics), flushed at once: its writer thread's
+failure (a full disk) surfaces in `log`, not as a queue that stops draining.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import os
 import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
+
+from rft_hpc.core.retry import PROCESS_RETRY
+from rft_hpc.core.storage import append_whole, cut_torn_tail, raise_if_full
 
 
 class MetricsWriter:
@@ -23,13 +29,19 @@ class MetricsWriter:
     def __init__(self, metrics_dir: Path, role: str, *, tensorboard: bool = True) -> None:
         metrics_dir.mkdir(parents=True, exist_ok=True)
         self.path = metrics_dir / f"{role}.jsonl"
-        self._file = self.path.open("a", encoding="utf-8")
+        self._fd = os.open(self.path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o666)
+        PROCESS_RETRY.read("metrics", self.path, lambda: cut_torn_tail(self._fd))
         self._tb = None
         if tensorboard:
             from tensorboard.compat.proto.summary_pb2 import Summary
             from torch.utils.tensorboard.writer import FileWriter
 
-            self._tb, self._summary = FileWriter(str(metrics_dir / "tb" / role)), Summary
+            self.tb_dir = metrics_dir / "tb" / role
+            try:
+                self._tb, self._summary = FileWriter(str(self.tb_dir)), Summary
+            except Exception as exc:
+                raise_if_full(exc, self.tb_dir)
+                raise
 
     def log(self, step: int, values: Mapping[str, Any]) -> None:
         """Record `values` at `step` (non-finite floats are written as null)."""
@@ -42,15 +54,25 @@ class MetricsWriter:
                 scalars.append((key, float(value)))
         if self._tb is not None and scalars:
             entry = self._summary.Value
-            self._tb.add_summary(self._summary(value=[entry(tag=k, simple_value=v)
-                                                      for k, v in scalars]), step)
-        self._file.write(json.dumps(row) + "\n")
-        self._file.flush()
+            try:
+                self._tb.add_summary(self._summary(value=[entry(tag=k, simple_value=v)
+                                                          for k, v in scalars]), step)
+                self._tb.flush()
+            except Exception as exc:
+                raise_if_full(exc, self.tb_dir)
+                raise
+        append_whole(self._fd, (json.dumps(row) + "\n").encode("utf-8"), self.path)
 
     def close(self) -> None:
-        self._file.close()
+        """Close the JSONL file and the TensorBoard events (a failure to write the last
+        events, e.g. on a full disk, is raised after both are closed)."""
+        os.close(self._fd)
         if self._tb is not None:
-            self._tb.close()
+            try:
+                self._tb.close()
+            except Exception as exc:
+                raise_if_full(exc, self.tb_dir)
+                raise
 
 
 class MetricsTail:

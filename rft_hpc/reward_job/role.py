@@ -22,6 +22,7 @@ from pathlib import Path
 
 from rft_hpc.config import ExperimentConfig
 from rft_hpc.core.rundir import RunDir
+from rft_hpc.core.storage import close_all
 from rft_hpc.core.watch import FolderWatch
 from rft_hpc.engines.judge import judge_loaders
 from rft_hpc.ledger.log import LedgerWriter
@@ -179,11 +180,13 @@ class RewardJob:
         if reason == "done":  # every explorer is done: no one reads a response any more
             remove_orphan_responses(self.folder)
         self.ledger.append("stop", step=self.requests, reason=reason)
-        self.ledger.close()
-        self.metrics.close()
-        for scorer in self.scorers.values():
-            scorer.close()
+        close_all((self.ledger.close, self.metrics.close, self.release))
         self.beat("done" if reason == "done" else "stopped")
+
+    def release(self) -> None:
+        """Free the models (their scorers' threads and workers), writing nothing: what a
+        job that failed (a full disk, say) still does before it exits."""
+        close_all(scorer.close for scorer in self.scorers.values())
 
 
 def run_reward_job(stage_dir: Path, index: int) -> int:
@@ -204,6 +207,8 @@ def run_reward_job(stage_dir: Path, index: int) -> int:
         reason = "done" if done else stop.reason if stop else "crash"
         if reason != "crash":
             job.close(reason)
+        else:
+            job.release()
     log.info("%s after %d requests (%d calls)", "finished" if done else f"stopped ({reason})",
              job.requests, job.calls)
     if not done:

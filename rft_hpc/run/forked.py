@@ -19,7 +19,11 @@ import signal
 import subprocess
 import sys
 from collections.abc import Mapping, Sequence
+from multiprocessing.connection import Connection
 from pathlib import Path
+
+from rft_hpc.core.storage import StorageFull, advice, exit_status, storage_full
+from rft_hpc.runtime.command import REPORT_MAX_BYTES, report_pipe, report_to_launcher
 
 PRELOAD = ("torch", "transformers", "transformers.models.auto.modeling_auto",
            "transformers.generation.utils", "rft_hpc.cli.app", "rft_hpc.cli.run_cmd",
@@ -33,11 +37,26 @@ def forkable(cmd: Sequence[str]) -> bool:
     return len(cmd) >= 3 and cmd[0] == sys.executable and cmd[1] == "-m"
 
 
-def _run_command(cmd: list[str], env: dict[str, str], log: str) -> None:
-    """Fork-server side: become `cmd` with `env`, writing to `log`."""
+_REPORT: list[Connection] = []
+"""The role's end of its report pipe, kept open for the process's life."""
+
+
+def _run_command(cmd: list[str], env: dict[str, str], log: str, report: Connection) -> None:
+    """Fork-server side: become `cmd` with `env`, writing to `log`; `report` is the pipe on
+    which the role tells the launcher why it stopped (`runtime.command.report_to_launcher`)."""
     os.setsid()  # as Popen(start_new_session=True): Ctrl-C reaches only the launcher
     os.environ.update(env)
-    fd = os.open(log, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    _REPORT.append(report)
+    report_pipe(report.fileno())
+    try:
+        fd = os.open(log, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    except OSError as exc:  # a full disk: said on the pipe, as the role itself would
+        full = storage_full(exc)
+        if full is None:
+            raise
+        full = StorageFull(int(full.errno), log)
+        report_to_launcher(f"{Path(log).stem} stopped: {full.describe()}: {advice(full)}")
+        os._exit(exit_status(full))
     os.dup2(fd, 1)
     os.dup2(fd, 2)
     os.close(fd)
@@ -59,9 +78,12 @@ class ForkedProcess:
         ctx = multiprocessing.get_context("forkserver")
         ctx.set_forkserver_preload(list(PRELOAD))
         self.args = list(cmd)
-        self._process = ctx.Process(target=_run_command, args=(self.args, dict(env), str(log)),
+        self._report, theirs = ctx.Pipe(duplex=False)
+        self._process = ctx.Process(target=_run_command,
+                                    args=(self.args, dict(env), str(log), theirs),
                                     name=cmd[2], daemon=False)
         self._process.start()
+        theirs.close()
         self.pid: int = self._process.pid  # type: ignore[assignment]
         self.returncode: int | None = None
 
@@ -83,6 +105,16 @@ class ForkedProcess:
         """Send `sig` to the process unless it already ended."""
         if self.poll() is None:
             os.kill(self.pid, sig)
+
+    def reported(self) -> str | None:
+        """What the role said, on its report pipe, about why it stopped; None if nothing."""
+        try:
+            if self._report.poll(0):  # the role's one raw write (report_to_launcher)
+                data = os.read(self._report.fileno(), REPORT_MAX_BYTES)
+                return data.decode("utf-8", errors="replace") or None
+        except (OSError, EOFError):
+            pass
+        return None
 
     def kill(self) -> None:
         """SIGKILL."""

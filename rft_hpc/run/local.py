@@ -5,7 +5,9 @@ forked from a fork server that has imported torch once (`run.forked`); only the 
 differs. Ctrl-C asks every role to stop at its next safe point
 (the trainer saves a checkpoint); running the same command again resumes: finished stages
 are skipped, explorers continue after their last committed step, the trainer from its
-checkpoint.
+checkpoint. A role that stops on a full disk or an exceeded quota (its exit status is the
+errno, `rft_hpc.core.storage`) stops the others the same way, and the run ends with one
+message naming the role, the error and the path (`StoppedOnFullStorage`).
 """
 
 from __future__ import annotations
@@ -22,10 +24,11 @@ from pathlib import Path
 from rft_hpc.config import ExperimentConfig
 from rft_hpc.core.errors import UserError
 from rft_hpc.core.rundir import RunDir, atomic_write_json, read_json
+from rft_hpc.core.storage import full_from_exit, storage_full
 from rft_hpc.eval.results import result_path
 from rft_hpc.run.display import Display
 from rft_hpc.run.forked import ForkedProcess, forkable
-from rft_hpc.run.processes import ProcessRecord
+from rft_hpc.run.processes import ProcessRecord, role_stopped_full, unless_full
 from rft_hpc.run.stages import (
     finish_stage,
     open_run,
@@ -95,7 +98,19 @@ def _roles(config: ExperimentConfig, run: RunDir, record: ProcessRecord) -> list
     # sync.method mpi: each role an MPI program of its own, as srun --mpi makes it in a job
     launcher = mpi_launcher() if config.sync.method == "mpi" else []
     threads = local_threads(config)  # the roles share this machine's cores
-    procs = []
+    procs: list[RoleProcess] = []
+    try:
+        _start_roles(config, run, record, launcher, threads, procs)
+    except BaseException:  # e.g. a log that cannot be created: stop those already started
+        _stop_all(procs)
+        raise
+    return procs
+
+
+def _start_roles(config: ExperimentConfig, run: RunDir, record: ProcessRecord,
+                 launcher: list[str], threads: dict[str, int],
+                 procs: list[RoleProcess]) -> None:
+    """Start the roles of `config`'s mode, each appended to `procs` as it starts."""
     if config.mode == "bench":
         procs.append(_start("bench", role_command("bench-stage", run.root), run,
                             threads["trainer"], record))
@@ -110,7 +125,6 @@ def _roles(config: ExperimentConfig, run: RunDir, record: ProcessRecord) -> list
             procs.append(_start(f"explorer-{i}",
                                 [*launcher, *role_command("explorer", run.root, i)], run,
                                 threads["explorer"], record))
-    return procs
 
 
 def mpi_launcher() -> list[str]:
@@ -163,6 +177,11 @@ def _supervise(procs: list[RoleProcess], display: Display) -> None:
             failed = [p for p in procs if p.proc.returncode not in (None, 0)]
             if failed:
                 _stop_all(procs)
+                full = [p for p in failed if full_from_exit(p.proc.returncode) is not None]
+                if full:  # before any other failure: a full disk fails the others too
+                    said = getattr(full[0].proc, "reported", lambda: None)()
+                    raise role_stopped_full(full[0].name, full[0].proc.returncode, full[0].log,
+                                            said)
                 tail = failed[0].log.read_text(errors="replace").strip().splitlines()[-15:]
                 raise UserError(f"role {failed[0].name} failed (exit {failed[0].proc.returncode});"
                                 f" its log is {failed[0].log}:\n" + "\n".join(tail))
@@ -196,8 +215,8 @@ def run_local(config_path: Path, overrides: list[str] | None = None, *,
     except (Interrupted, KeyboardInterrupt):
         record.ended("stopped")
         raise
-    except BaseException:
-        record.ended("failed")
+    except BaseException as exc:  # a full disk: stopped, the same command resumes
+        record.ended("stopped" if storage_full(exc) is not None else "failed")
         raise
     record.ended("done")
     return result
@@ -221,7 +240,7 @@ def _run_stages(config: ExperimentConfig, run: RunDir, record: ProcessRecord,
                     _supervise(_roles(stage, stage_run, record), display)
             finally:  # seconds spent in a stage add up over interrupted runs
                 spent += time.monotonic() - t0
-                atomic_write_json(clock, {"seconds": spent})
+                unless_full(atomic_write_json, clock, {"seconds": spent})  # lost: no harm
             done = finish_stage(stage, stage_run, name, spent)
         if stage.eval.evaluator and stage.mode in ("both", "train"):
             _evaluate(stage, RunDir(folder), f"stage {index}: {name}, evaluator", live,

@@ -11,10 +11,12 @@ from __future__ import annotations
 import os
 import socket
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from rft_hpc.core.rundir import RunDir, atomic_write_json, read_json
+from rft_hpc.core.storage import StoppedOnFullStorage, advice, full_from_exit, storage_full
 
 PROCESSES_VERSION = 1
 
@@ -74,7 +76,47 @@ class ProcessRecord:
         self._write()
 
     def _write(self) -> None:
-        atomic_write_json(self.path, self.data, durable=False)
+        # best effort on a full disk: `rft-hpc status` then reads an older record, while
+        # the run itself stops on the roles' writes (the launcher's bookkeeping alone never
+        # stops a run)
+        unless_full(atomic_write_json, self.path, self.data, durable=False)
+
+
+def unless_full(write: Callable[..., object], *args: Any, **kwargs: Any) -> bool:
+    """`write(*args, **kwargs)`; False instead of its `StorageFull` (a full disk or an
+    exceeded quota), for writes whose loss costs nothing but a stale record."""
+    try:
+        write(*args, **kwargs)
+    except OSError as exc:
+        if storage_full(exc) is None:
+            raise
+        return False
+    return True
+
+
+def role_stopped_full(role: str, status: int | None, log: Path,
+                      said: str | None = None) -> StoppedOnFullStorage:
+    """What the launcher says when role `role` exited with `status`, a full disk's or an
+    exceeded quota's errno: the role's own message (`said` on its report pipe, else the last
+    one in its log), which names the path, or else the error and the role's stage folder."""
+    full = full_from_exit(status)
+    assert full is not None, status
+    if said is None:
+        said = _last_line(log, f"error: {role} stopped: ")
+    if said is not None:
+        return StoppedOnFullStorage(said.removeprefix("error: "), full)
+    return StoppedOnFullStorage(
+        f"{role} stopped: {full.describe()} writing in {log.parent.parent} (its log {log} "
+        f"could not hold the path): {advice(full)}", full)
+
+
+def _last_line(log: Path, prefix: str) -> str | None:
+    """The last line of `log` that starts with `prefix`, None if none (or no log)."""
+    try:
+        lines = log.read_text(errors="replace").splitlines()
+    except OSError:
+        return None
+    return next((line for line in reversed(lines) if line.startswith(prefix)), None)
 
 
 def read_processes(run: RunDir) -> dict[str, Any] | None:

@@ -24,6 +24,7 @@ from rft_hpc.config.schema import REWARD_MODEL_FOLDER
 from rft_hpc.config.workflow import MultiTurnWorkflow
 from rft_hpc.core.errors import UserError
 from rft_hpc.core.rundir import RunDir, atomic_write_json, atomic_write_text, read_json
+from rft_hpc.core.storage import raise_if_full
 from rft_hpc.envs.tool_demos import tool_demonstrations
 from rft_hpc.eval.bench import RESULTS_FILE
 from rft_hpc.eval.scoring import gold_pairs
@@ -70,6 +71,7 @@ def share_run_dir(launch: LaunchConfig, root: Path) -> None:
     try:
         root.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
+        raise_if_full(exc, root)  # a full disk: StorageFull, said as every role says it
         raise UserError(f"cannot create the run directory {root}: {exc.strerror}") from None
     if not os.access(root, os.W_OK | os.X_OK):
         raise UserError(f"the run directory {root} is not writable")

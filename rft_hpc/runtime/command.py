@@ -3,12 +3,38 @@ in Slurm jobs (`python -m rft_hpc.cli role ROLE STAGE_DIR [--index I]`)."""
 
 from __future__ import annotations
 
+import contextlib
 import os
+import stat
 import sys
 from pathlib import Path
 
 from rft_hpc.runtime.logs import LOG_LEVEL_ENV, log_level
 from rft_hpc.runtime.placement import THREADS_ENV
+
+REPORT_MAX_BYTES = 4000
+"""The longest report: one write to a pipe up to PIPE_BUF (4096 on Linux) is atomic."""
+
+_report_fd: list[int] = []
+"""The pipe on which this role tells its launcher why it stopped (`report_pipe`)."""
+
+
+def report_pipe(fd: int) -> None:
+    """Make `fd` (a pipe's writing end) where `report_to_launcher` writes: set by
+    `rft-hpc run` in each role process it forks; never inherited by the role's own
+    children (it is no environment variable), and absent in Slurm jobs."""
+    _report_fd[:] = [fd]
+
+
+def report_to_launcher(text: str) -> None:
+    """Send `text` (one message: why this role stops) to the launcher that started this
+    role, when it gave it a pipe (`report_pipe`): the message reaches the user even when the
+    role's log cannot be written (a full disk). Best effort, never raises."""
+    with contextlib.suppress(OSError, ValueError):
+        for fd in _report_fd:
+            if stat.S_ISFIFO(os.fstat(fd).st_mode):
+                # one write below PIPE_BUF: whole on the other side, never interleaved
+                os.write(fd, text.encode("utf-8")[:REPORT_MAX_BYTES])
 
 
 def role_command(role: str, folder: Path, index: int | str | None = None, *,

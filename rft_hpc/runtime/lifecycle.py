@@ -18,7 +18,9 @@ from datetime import datetime
 log = logging.getLogger(__name__)
 
 REQUEUE_EXIT = 75
-"""Exit status of a role that saved and wants to run again (EX_TEMPFAIL)."""
+"""Exit status of a role that saved and wants to run again (EX_TEMPFAIL). A role stopped by
+a full disk or an exceeded quota exits with that errno instead, 28 or 122
+(`rft_hpc.core.storage.exit_status`): not requeued, it waits for space and a resume."""
 
 JOB_END_ENV = "RFT_JOB_END_TIME"
 """Epoch seconds at which the role must have stopped; overrides what Slurm says."""

@@ -13,8 +13,10 @@ from __future__ import annotations
 import logging
 import os
 import sys
+import threading
 
 from rft_hpc.core.errors import UserError
+from rft_hpc.core.storage import storage_full
 
 LOG_LEVEL_ENV = "RFT_LOG_LEVEL"
 """Environment variable with the roles' log level (DEBUG, INFO, WARNING, ERROR)."""
@@ -60,6 +62,24 @@ class _RoleFields(logging.Filter):
 class _RoleHandler(logging.StreamHandler):  # type: ignore[type-arg]
     """The handler `setup_logging` installs (told apart from handlers of others)."""
 
+    def handleError(self, record: logging.LogRecord) -> None:
+        """A log on a full disk: the record is lost without a traceback (which could not be
+        written either); the role stops at its next write of state, which fails too."""
+        if storage_full(sys.exc_info()[1]) is None:
+            super().handleError(record)
+
+
+def _thread_failed(args: threading.ExceptHookArgs) -> None:
+    """A helper thread's failure on a full disk is raised again by whoever waits for the
+    thread (a writer's flush, a commit): no traceback of its own."""
+    if storage_full(args.exc_value) is None:
+        threading.__excepthook__(args)
+
+
+def current_role() -> str:
+    """The role this process runs as (`setup_logging`), `rft-hpc` outside a role."""
+    return str(_current["role"])
+
 
 def setup_logging(role: str) -> None:
     """Send log records of this process to stderr as `<time> <LEVEL> <role>: <message>`,
@@ -75,6 +95,7 @@ def setup_logging(role: str) -> None:
     handler.addFilter(_RoleFields())
     root.addHandler(handler)
     root.setLevel(max(level, logging.WARNING))
+    threading.excepthook = _thread_failed
     logging.getLogger("rft_hpc").setLevel(level)
 
 

@@ -39,6 +39,7 @@ import torch
 
 from rft_hpc.core.retry import PROCESS_RETRY, Retrier
 from rft_hpc.core.rundir import TEMP_PREFIX, fsync_dir
+from rft_hpc.core.storage import raise_if_full
 from rft_hpc.sync.crc import RunningCrc
 
 CHECKSUM_ALGORITHM = "crc32"
@@ -119,21 +120,25 @@ def save_safetensors(path: Path, tensors: Mapping[str, torch.Tensor], *,
         offset += size
     blob = json.dumps(header, separators=(",", ":")).encode("utf-8")
     blob += b" " * (-len(blob) % _ALIGN)
-    with open(path, "wb") as f, RunningCrc.for_this_process(1) as crc:
-        for chunk in (struct.pack("<Q", len(blob)), blob):
-            f.write(chunk)
-            crc.add(chunk)
-        for name in names:
-            t = tensors[name].detach().to("cpu").contiguous().reshape(-1)
-            data = memoryview(t.view(torch.uint8).numpy())
-            for start in range(0, len(data), _WRITE_CHUNK):
-                piece = data[start:start + _WRITE_CHUNK]
-                crc.add(piece)  # while the same bytes are written
-                f.write(piece)
-        f.flush()
-        if durable:
-            os.fsync(f.fileno())
-        checksum = crc.value
+    try:
+        with open(path, "wb") as f, RunningCrc.for_this_process(1) as crc:
+            for chunk in (struct.pack("<Q", len(blob)), blob):
+                f.write(chunk)
+                crc.add(chunk)
+            for name in names:
+                t = tensors[name].detach().to("cpu").contiguous().reshape(-1)
+                data = memoryview(t.view(torch.uint8).numpy())
+                for start in range(0, len(data), _WRITE_CHUNK):
+                    piece = data[start:start + _WRITE_CHUNK]
+                    crc.add(piece)  # while the same bytes are written
+                    f.write(piece)
+            f.flush()
+            if durable:
+                os.fsync(f.fileno())
+            checksum = crc.value
+    except OSError as exc:
+        raise_if_full(exc, path)
+        raise
     return FileDigest(8 + len(blob) + offset, f"{checksum:08x}")
 
 

@@ -24,6 +24,7 @@ in force. The RNG states are those of the saving process (rank 0).
 
 from __future__ import annotations
 
+import os
 import random
 import re
 import shutil
@@ -41,10 +42,10 @@ from rft_hpc.core.errors import UserError
 from rft_hpc.core.rundir import (
     atomic_write_json,
     atomic_write_text,
-    fsync_file,
     read_json,
     trainer_step_folder_name,
 )
+from rft_hpc.core.storage import raise_if_full
 from rft_hpc.sync.storage import (
     CHECKSUM_ALGORITHM,
     FileDigest,
@@ -188,8 +189,16 @@ def load_trainer_state(ckpt_dir: str | Path, model: torch.nn.Module,
 
 
 def _torch_save(obj: object, path: Path) -> None:
-    torch.save(obj, path)
-    fsync_file(path)
+    # Through a Python file, not a path: torch's own writer reports a full disk as a bare
+    # "file write failed"; a Python file raises the OSError with its errno (StorageFull).
+    try:
+        with open(path, "wb") as f:
+            torch.save(obj, f)
+            f.flush()
+            os.fsync(f.fileno())
+    except Exception as exc:
+        raise_if_full(exc, path)
+        raise
 
 
 def _torch_load(path: Path) -> Any:

@@ -8,9 +8,10 @@ other ranks, and when, is the protocol of `rft_hpc.trainer.role`'s module doc.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -20,6 +21,7 @@ from rft_hpc.buffer.reader import Batch, BufferReader
 from rft_hpc.config import ExperimentConfig
 from rft_hpc.core.json_types import JSONValue
 from rft_hpc.core.rundir import RunDir
+from rft_hpc.core.storage import close_all, storage_full
 from rft_hpc.eval.carry import carried_scores
 from rft_hpc.eval.heldout import HeldOutEvaluation
 from rft_hpc.eval.pairwise import PairwiseEvaluation
@@ -85,12 +87,14 @@ class Followers:
         self.dist = dist
         self.every = min(60.0, dist.timeout / 4)
         self.last = time.monotonic()
+        self.stopped = False  # told to stop already: they are gone
 
     def send(self, kind: str) -> None:
         """Send `kind` to the other ranks. A failed `stop` (another rank is gone already)
         is only logged: rank 0 still saves, publishes and reports."""
-        if not self.dist.distributed:
+        if not self.dist.distributed or (kind == "stop" and self.stopped):
             return
+        self.stopped = kind == "stop"
         try:
             broadcast_object(kind, self.dist)
         except RuntimeError as exc:  # c10d's errors (DistBackendError ...) are RuntimeErrors
@@ -98,6 +102,18 @@ class Followers:
                 raise
             log.warning("could not tell the other trainer ranks to stop: %s", exc)
         self.last = time.monotonic()
+
+    @contextlib.contextmanager
+    def stopped_by_a_full_disk(self) -> Iterator[None]:
+        """Tell the others to stop when rank 0 fails on a full disk or an exceeded quota
+        (met in a write, between collectives: they wait for a message) rather than leave
+        them waiting for the collective timeout; then raise the failure."""
+        try:
+            yield
+        except BaseException as exc:
+            if storage_full(exc) is not None:
+                self.send("stop")
+            raise
 
     def keepalive(self) -> None:
         """Tell the others to keep waiting, at most every `every` seconds."""
@@ -117,11 +133,12 @@ class TrainerLoop:
     checkpoints, ledger, metrics, heartbeat, evaluation answers)."""
 
     def __init__(self, trainer: StageTrainer, run: RunDir, stop: StopFlag,
-                 saved: TrainerState | None, config_hash: str) -> None:
+                 saved: TrainerState | None, config_hash: str,
+                 followers: Followers | None = None) -> None:
         config = self.config = trainer.config
         self.trainer, self.rundir, self.stop, self.config_hash = trainer, run, stop, config_hash
         self.steps = config.trainer.steps
-        self.followers = Followers(trainer.dist)
+        self.followers = followers or Followers(trainer.dist)
         self.clock = JobClock(config.launch.slurm.walltime_margin)
         self.step = saved.step if saved else 0
         self.reader = BufferReader(run.buffer, config.buffer,
@@ -168,10 +185,8 @@ class TrainerLoop:
                 self.train_step(batch, t0)
             at_step(None)
             done = self.finish()
-        finally:
-            self.metrics.close()
-            self.ledger.close()
-            self.publisher.close()
+        finally:  # each closed even when another fails (a full disk fails every flush)
+            close_all((self.metrics.close, self.ledger.close, self.publisher.close))
         self.beat("done" if done else "stopped", final_version=self.step if done else None)
         if not done:
             self.stop.check_requeue()

@@ -26,7 +26,7 @@ from rft_hpc.runtime.common import StopFlag, load_stage, set_threads
 from rft_hpc.runtime.logs import setup_logging
 from rft_hpc.trainer.checkpoint import TrainerState, load_trainer_state
 from rft_hpc.trainer.distributed import broadcast_object, init_distributed, shutdown
-from rft_hpc.trainer.loop import TrainerLoop, rank_layout
+from rft_hpc.trainer.loop import Followers, TrainerLoop, rank_layout
 from rft_hpc.trainer.protocols import StageTrainer
 from rft_hpc.trainer.reward_model import RewardModelTrainer
 from rft_hpc.trainer.trainer import Trainer, config_hash
@@ -91,6 +91,8 @@ def run_trainer(stage_dir: Path) -> int:
         saved = _restore(trainer, run, chash)
         if not dist.is_main:
             return _follow(trainer, saved.step if saved else 0)
-        return TrainerLoop(trainer, run, stop, saved, chash).run()
+        followers = Followers(dist)
+        with followers.stopped_by_a_full_disk():  # the loop's start (its files) included
+            return TrainerLoop(trainer, run, stop, saved, chash, followers).run()
     finally:
         shutdown()
