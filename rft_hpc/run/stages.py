@@ -29,7 +29,7 @@ from rft_hpc.eval.bench import RESULTS_FILE
 from rft_hpc.eval.scoring import gold_pairs
 from rft_hpc.monitor.metrics import read_metrics
 from rft_hpc.run.model_init import init_model
-from rft_hpc.runtime.common import freeze_config
+from rft_hpc.runtime.common import final_heartbeat, freeze_config, read_heartbeat
 from rft_hpc.tasks.data_check import check_task_sources
 from rft_hpc.tasks.offline_rows import load_offline_examples
 from rft_hpc.tasks.preflight import PREFLIGHT_CHECKS
@@ -226,14 +226,15 @@ def finish_stage(config: ExperimentConfig, run: RunDir, name: str, seconds: floa
 
     Raises `UserError` when the trainer stopped before its last step: the stage must resume.
     """
-    trainer_state = run.heartbeat("trainer")
-    trainer = read_json(trainer_state) if trainer_state.exists() else {}
+    trains = config.mode in ("both", "train")
+    trainer = final_heartbeat(run, "trainer") if trains else read_heartbeat(run, "trainer")
     if config.mode in ("both", "train") and trainer.get("status") != "done":
         raise UserError(f"stage {name}: the trainer stopped before its last step; run the same "
                         "command again to resume")
     rows = read_metrics(run.metrics_file("trainer"))
     evals = [r["eval_accuracy"] for r in rows if r.get("eval_accuracy") is not None]
-    explorer_steps = sum(read_json(p).get("step", 0) for p in run.state.glob("explorer-*.json"))
+    explorer_steps = sum(int(final_heartbeat(run, p.stem).get("step") or 0)
+                         for p in run.state.glob("explorer-*.json"))
     version = trainer.get("final_version")
     result = {"name": name, "mode": config.mode, "seconds": seconds,
               "trainer_steps": trainer.get("step", 0), "explorer_steps": explorer_steps,
