@@ -15,7 +15,7 @@ import yaml
 from rft_hpc.config import ExperimentConfig, load_config
 from rft_hpc.core.json_types import JSONValue
 from rft_hpc.core.retry import PROCESS_RETRY, read_bytes
-from rft_hpc.core.rundir import RunDir, atomic_write_json, atomic_write_text, read_json
+from rft_hpc.core.rundir import RunDir, atomic_write_json, atomic_write_text
 from rft_hpc.core.watch import FolderWatch
 from rft_hpc.runtime.lifecycle import RequeueRequested
 from rft_hpc.runtime.placement import role_threads
