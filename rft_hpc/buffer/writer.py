@@ -24,6 +24,7 @@ from rft_hpc.buffer.segment import (
     segment_name,
 )
 from rft_hpc.buffer.segment_write import write_segment_file
+from rft_hpc.core.retry import PROCESS_RETRY
 from rft_hpc.core.rundir import TEMP_PREFIX, commit_file, is_temporary
 
 log = logging.getLogger(__name__)
@@ -93,9 +94,10 @@ class SegmentWriter:
         final = self.dir / segment_name(start)
         tmp = self.dir / f"{TEMP_PREFIX}{final.name}.{os.getpid()}"
         try:
-            self.bytes_written += write_segment_file(
+            # written whole again (same temporary name) after a transient error
+            self.bytes_written += PROCESS_RETRY.write("segment", tmp, lambda: write_segment_file(
                 tmp, self.kind, self._pending, writer=self.writer, step_start=start,
-                step_end=end)
+                step_end=end))
         except BaseException:
             tmp.unlink(missing_ok=True)
             raise

@@ -14,8 +14,9 @@ through one `ReadRetry`, which judges each failure:
 - **not visible yet** (ENOENT of a file the caller was told exists, `named`: a pointer such
   as `LATEST` names it): another node renamed it into place and this node's attribute
   caches do not show it yet. Waited for, `RetryPolicy.appear_delays()` (up to `appear_s`,
-  longer than any attribute cache), unless the caller's `gone()` says it was removed since;
-  then `StillUnreadable` with ENOENT, for the caller to turn into a clear error;
+  longer than any attribute cache), unless the caller's `absent()` says it will not come
+  (removed since, ...); then `StillUnreadable` with ENOENT, for the caller to turn into a
+  clear error;
 - **proof** (the caller's `proof` says so, e.g. a checksum mismatch): raised at once;
 - **any other OS error** (EACCES, ENOENT of a file not known to exist, ...): raised at
   once; a missing file is nobody's damage, and the caller says what it means;
@@ -114,7 +115,7 @@ class Retrier(Protocol):
     def read(self, what: str, path: str | os.PathLike[str], fn: Callable[[], T], *,
              proof: Callable[[BaseException], bool] | None = None,
              existed: bool = False, named: bool = False,
-             gone: Callable[[], bool] | None = None) -> T:
+             absent: Callable[[], bool] | None = None) -> T:
         """`fn()`, tried again after transient errors; raises what `ReadRetry.read` says."""
         ...
 
@@ -148,7 +149,7 @@ class ReadRetry:
     def read(self, what: str, path: str | os.PathLike[str], fn: Callable[[], T], *,
              proof: Callable[[BaseException], bool] | None = None,
              existed: bool = False, named: bool = False,
-             gone: Callable[[], bool] | None = None) -> T:
+             absent: Callable[[], bool] | None = None) -> T:
         """Return `fn()` (which reads `path`, a `what` such as "segment"), tried again while
         its errors are transient or unproven.
 
@@ -157,9 +158,9 @@ class ReadRetry:
         without an errno that repeated itself exactly; raises `StillUnreadable` when the
         tries run out. With `named`, ENOENT means "not visible here yet": waited for over
         `RetryPolicy.appear_delays()`, ended early (the `FileNotFoundError` raised as it is)
-        when `gone()` says the file was removed meanwhile.
+        when `absent()` says it will not come (removed meanwhile, ...).
         """
-        return self._run(what, path, fn, proof=proof, existed=existed, named=named, gone=gone)
+        return self._run(what, path, fn, proof=proof, existed=existed, named=named, absent=absent)
 
     def read_settled(self, what: str, path: str | os.PathLike[str], fn: Callable[[], T],
                      settled: Callable[[T], bool]) -> T:
@@ -191,7 +192,7 @@ class ReadRetry:
 
     def _run(self, what: str, path: str | os.PathLike[str], fn: Callable[[], T], *,
              proof: Callable[[BaseException], bool] | None = None, existed: bool = False,
-             named: bool = False, gone: Callable[[], bool] | None = None,
+             named: bool = False, absent: Callable[[], bool] | None = None,
              write: bool = False) -> T:
         verb = "writing" if write else "reading"
         delays = self.policy.delays()
@@ -204,7 +205,7 @@ class ReadRetry:
             except Exception as exc:
                 code = self._judge(exc, proof, existed or named, previous, write)
                 if named and code == errno.ENOENT:
-                    if gone is not None and gone():
+                    if absent is not None and absent():
                         raise
                     delay = self._next(waits, unseen, attempt + unseen, what, path, exc,
                                        f"not visible yet; {verb} it again", quiet=True)
@@ -275,3 +276,14 @@ def io_metrics(counters: Counter[str] | None = None) -> dict[str, int]:
 def read_bytes(path: Path, *, retry: Retrier | None = None, what: str = "file") -> bytes:
     """The whole file, read with retries (by `PROCESS_RETRY` unless `retry` is given)."""
     return (retry or PROCESS_RETRY).read(what, path, path.read_bytes)
+
+
+APPEND = os.O_WRONLY | os.O_APPEND | os.O_CREAT
+
+
+def open_append(path: str | os.PathLike[str], *, flags: int = APPEND, mode: int = 0o666,
+                what: str = "file") -> int:
+    """`os.open(path, flags, mode)` of a file appended to (created if missing), done again
+    after transient errors by `PROCESS_RETRY` (opening twice changes nothing; the appends
+    themselves are not retried: one that failed may have landed). Returns the descriptor."""
+    return PROCESS_RETRY.write(what, path, lambda: os.open(path, flags, mode))

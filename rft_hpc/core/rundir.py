@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from rft_hpc.core.errors import UserError
+from rft_hpc.core.retry import PROCESS_RETRY
 
 RUNDIR_LAYOUT_VERSION = 1
 
@@ -34,17 +35,19 @@ TEMP_PREFIX = ".tmp-"
 
 
 def fsync_dir(path: str | os.PathLike[str]) -> None:
-    """Flush a folder's entries (a rename or create inside it) to stable storage."""
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    """Flush a folder's entries (a rename or create inside it) to stable storage (done again
+    after a transient error: `core.retry`)."""
+    PROCESS_RETRY.write("folder", path, lambda: _fsync(path, os.O_RDONLY | os.O_DIRECTORY))
 
 
 def fsync_file(path: str | os.PathLike[str]) -> None:
-    """Flush a closed file's data to stable storage (for files written by other libraries)."""
-    fd = os.open(path, os.O_RDONLY)
+    """Flush a closed file's data to stable storage (for files written by other libraries;
+    done again after a transient error)."""
+    PROCESS_RETRY.write("file", path, lambda: _fsync(path, os.O_RDONLY))
+
+
+def _fsync(path: str | os.PathLike[str], flags: int) -> None:
+    fd = os.open(path, flags)
     try:
         os.fsync(fd)
     finally:
@@ -57,21 +60,41 @@ def commit_file(tmp: str | os.PathLike[str], final: str | os.PathLike[str], *,
 
     With `durable`, the file's data is fsynced before the rename and the folder after it,
     so that after a crash the final name either does not exist or holds the whole file.
+    Each step is done again after a transient error (`core.retry`); a rename that failed
+    but happened (the temporary name is gone, the final one there) counts as done.
     """
     if durable:
         fsync_file(tmp)
-    os.replace(tmp, final)
+    PROCESS_RETRY.write("file", final, lambda: _replace(tmp, final))
     if durable:
         fsync_dir(Path(final).parent)
+
+
+def _replace(tmp: str | os.PathLike[str], final: str | os.PathLike[str]) -> None:
+    try:
+        os.replace(tmp, final)
+    except OSError:
+        if not os.path.lexists(tmp) and os.path.lexists(final):
+            return  # the server did it and failed the reply
+        raise
 
 
 def atomic_write_bytes(path: str | os.PathLike[str], data: bytes, *, durable: bool = True) -> None:
     """Write `data` to `path` so that readers see either the old file or the whole new one.
 
-    Temporary name in the same folder, write, flush, fsync, rename, fsync of the folder.
+    Temporary name in the same folder, write, flush, fsync, rename, fsync of the folder;
+    after a transient error (EIO, ESTALE ... on the create, a write or the rename) the whole
+    write is done again under a fresh temporary name (`core.retry`, counted as its retries).
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
+    PROCESS_RETRY.write("file", path, lambda: _write_once(path, data, durable))
+    if durable:
+        fsync_dir(path.parent)
+
+
+def _write_once(path: Path, data: bytes, durable: bool) -> None:
+    """One try of `atomic_write_bytes` without the folder's fsync."""
     # A fresh name opened with O_EXCL (as mkstemp does) but with the usual mode, so that the
     # file respects the umask and a run directory shared with a group stays readable.
     tmp = path.parent / f"{TEMP_PREFIX}{path.name}.{os.getpid()}.{secrets.token_hex(4)}"
@@ -81,12 +104,10 @@ def atomic_write_bytes(path: str | os.PathLike[str], data: bytes, *, durable: bo
             f.flush()
             if durable:
                 os.fsync(f.fileno())
-        os.replace(tmp, path)
+        _replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
-    if durable:
-        fsync_dir(path.parent)
 
 
 def atomic_write_text(path: str | os.PathLike[str], text: str, *, durable: bool = True) -> None:

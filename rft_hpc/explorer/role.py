@@ -323,10 +323,14 @@ def run_explorer(stage_dir: Path, index: int) -> int:
     workflow = WORKFLOWS[config.explorer.workflow.type](config, run, role,
                                                          _engine_starter(config))
     clock = JobClock(config.launch.slurm.walltime_margin)
-    follower = WeightFollower(run, workflow.engine, stop, clock,
-                              build_receiver(config, run, index))
-    loop = ExplorerLoop(config, run, index, workflow=workflow, writer=writer,
-                        pipeline=pipeline, follower=follower, clock=clock, stop=stop)
+    try:
+        follower = WeightFollower(run, workflow.engine, stop, clock,
+                                  build_receiver(config, run, index))
+        loop = ExplorerLoop(config, run, index, workflow=workflow, writer=writer,
+                            pipeline=pipeline, follower=follower, clock=clock, stop=stop)
+    except BaseException:  # its reward workers would hold the process at exit
+        workflow.close()
+        raise
     log.info("starting at step %d of %d (weights version %s)", loop.step, loop.total,
              loop.engine.version)
     try:

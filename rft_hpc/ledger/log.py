@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from rft_hpc.core.retry import PROCESS_RETRY
+from rft_hpc.core.retry import PROCESS_RETRY, open_append
 from rft_hpc.ledger.replay import LEDGER_VERSION, replay
 
 
@@ -30,7 +30,8 @@ class LedgerWriter:
         ledger_dir.mkdir(parents=True, exist_ok=True)
         self.path = ledger_dir / f"{role}.jsonl"
         self.durable = durable
-        self._fd = os.open(self.path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o666)
+        self._fd = open_append(self.path, flags=os.O_RDWR | os.O_APPEND | os.O_CREAT,
+                               what="ledger")
         PROCESS_RETRY.read("ledger", self.path, lambda: _cut_torn_tail(self._fd))
         if os.fstat(self._fd).st_size == 0:
             self.append("ledger", ledger_version=LEDGER_VERSION, role=role)

@@ -11,10 +11,13 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
+
+from rft_hpc.core.retry import PROCESS_RETRY, open_append
 
 
 class MetricsWriter:
@@ -23,7 +26,7 @@ class MetricsWriter:
     def __init__(self, metrics_dir: Path, role: str, *, tensorboard: bool = True) -> None:
         metrics_dir.mkdir(parents=True, exist_ok=True)
         self.path = metrics_dir / f"{role}.jsonl"
-        self._file = self.path.open("a", encoding="utf-8")
+        self._file = os.fdopen(open_append(self.path, what="metrics"), "a", encoding="utf-8")
         self._tb = None
         if tensorboard:
             from tensorboard.compat.proto.summary_pb2 import Summary
@@ -61,20 +64,26 @@ class MetricsTail:
         self.offset = 0
 
     def new_rows(self) -> list[dict[str, Any]]:
-        rows: list[dict[str, Any]] = []
+        """The complete lines added since the last call (read with retries, `core.retry`:
+        `StillUnreadable` when I/O errors outlast them; read again at the next call)."""
         if not self.path.exists():
-            return rows
+            return []
+        data = PROCESS_RETRY.read("metrics", self.path, self._read_new)
+        rows: list[dict[str, Any]] = []
+        for line in data.splitlines(keepends=True):
+            if not line.endswith(b"\n"):
+                break  # a line still being written: read it next time
+            self.offset += len(line)
+            try:
+                rows.append(json.loads(line))
+            except ValueError:
+                continue
+        return rows
+
+    def _read_new(self) -> bytes:
         with self.path.open("rb") as f:
             f.seek(self.offset)
-            for line in f:
-                if not line.endswith(b"\n"):
-                    break  # a line still being written: read it next time
-                self.offset += len(line)
-                try:
-                    rows.append(json.loads(line))
-                except ValueError:
-                    continue
-        return rows
+            return f.read()
 
 
 def read_metrics(path: Path) -> list[dict[str, Any]]:

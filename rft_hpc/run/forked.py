@@ -21,6 +21,8 @@ import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from rft_hpc.core.retry import open_append
+
 PRELOAD = ("torch", "transformers", "transformers.models.auto.modeling_auto",
            "transformers.generation.utils", "rft_hpc.cli.app", "rft_hpc.cli.run_cmd",
            "rft_hpc.trainer.role", "rft_hpc.explorer.role", "rft_hpc.eval.evaluator")
@@ -37,7 +39,7 @@ def _run_command(cmd: list[str], env: dict[str, str], log: str) -> None:
     """Fork-server side: become `cmd` with `env`, writing to `log`."""
     os.setsid()  # as Popen(start_new_session=True): Ctrl-C reaches only the launcher
     os.environ.update(env)
-    fd = os.open(log, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    fd = open_append(log, mode=0o644, what="log")
     os.dup2(fd, 1)
     os.dup2(fd, 2)
     os.close(fd)

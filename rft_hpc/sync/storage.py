@@ -119,6 +119,13 @@ def save_safetensors(path: Path, tensors: Mapping[str, torch.Tensor], *,
         offset += size
     blob = json.dumps(header, separators=(",", ":")).encode("utf-8")
     blob += b" " * (-len(blob) % _ALIGN)
+    # written whole again after a transient error (`core.retry`): the path is temporary
+    return PROCESS_RETRY.write("weights file", path, lambda: _save_once(
+        path, tensors, names, blob, offset, durable))
+
+
+def _save_once(path: Path, tensors: Mapping[str, torch.Tensor], names: list[str],
+               blob: bytes, offset: int, durable: bool) -> FileDigest:
     with open(path, "wb") as f, RunningCrc.for_this_process(1) as crc:
         for chunk in (struct.pack("<Q", len(blob)), blob):
             f.write(chunk)

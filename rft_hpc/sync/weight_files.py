@@ -22,7 +22,7 @@ version `LATEST` names now (`load_latest_weights` does that).
 
 Every file (and `LATEST`) is read with retries (`rft_hpc.core.retry`); I/O errors that
 outlast them raise `WeightsUnavailable`, no verdict on the weights. A version's manifest that
-is missing while `LATEST` names no newer version is one this node does not see yet (the
+is missing while `LATEST` names that version is one this node does not see yet (the
 publisher's rename, seen late through attribute caches: `LATEST` may be seen first): it is
 waited for (`RetryPolicy.appear_s`), then a clear `WeightsError`. Once `LATEST` names a newer
 version a missing version is gone (pruned), not damaged: `WeightsGone`.
@@ -229,21 +229,24 @@ def read_manifest(weights_dir: str | Path, version: int) -> dict[str, Any]:
 def _read_manifest(weights_dir: str | Path, version: int,
                    wanted: int | None = None) -> dict[str, Any]:
     """The manifest of `version`, read for a load of version `wanted` (default: itself):
-    waited for while it is not visible yet and `LATEST` names nothing newer than `wanted`."""
+    waited for while it is not visible yet and `LATEST` names `wanted` (otherwise it is
+    gone, or was never published: `_missing` says which)."""
     folder = version_dir(weights_dir, version)
     path = folder / MANIFEST_FILE
     top = version if wanted is None else wanted
 
-    def gone() -> bool:
+    def absent() -> bool:
+        """Nothing to wait for: LATEST moved on, or the folder is seen without the manifest
+        (a folder is committed whole: seeing it means seeing what it holds)."""
         try:
             latest = latest_weights_version(weights_dir)
         except WeightsError:
             return False
-        return latest is not None and latest > top
+        return latest != top or (folder.is_dir() and not path.exists())
 
     try:
         manifest = PROCESS_RETRY.read("weights manifest", path, lambda: read_json(path),
-                                      named=True, gone=gone)
+                                      named=True, absent=absent)
     except FileNotFoundError:
         raise _missing(Path(weights_dir), version, folder) from None
     except StillUnreadable as e:

@@ -28,16 +28,17 @@ import random
 import re
 import shutil
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import torch
 from torch.optim.lr_scheduler import LRScheduler
 
 from rft_hpc.core.errors import UserError
+from rft_hpc.core.retry import PROCESS_RETRY, read_bytes
 from rft_hpc.core.rundir import (
     atomic_write_json,
     atomic_write_text,
@@ -55,6 +56,8 @@ from rft_hpc.sync.storage import (
     remove_temporaries,
     save_safetensors,
 )
+
+T = TypeVar("T")
 
 STATE_FORMAT = "rft-hpc-trainer-state"
 STATE_FORMAT_VERSION = 1
@@ -143,14 +146,14 @@ def load_trainer_state(ckpt_dir: str | Path, model: torch.nn.Module,
     """
     pointer = Path(ckpt_dir) / "LATEST"
     try:
-        target = pointer.read_text(encoding="utf-8").strip()
+        target = read_bytes(pointer, what="checkpoint pointer").decode(errors="replace").strip()
     except FileNotFoundError:
         return None
     if not _POINTER.fullmatch(target):
         raise CheckpointError(f"{pointer} holds {target[:60]!r}, not trainer/step-<N>")
     folder = Path(ckpt_dir) / target
     try:
-        state = read_json(folder / "state.json")
+        state = _read_named(folder / "state.json", read_json)
     except (OSError, ValueError) as e:
         raise CheckpointError(f"checkpoint {folder} is missing or incomplete: {e}") from e
     if state.get("format") != STATE_FORMAT or state.get("format_version", 0) > STATE_FORMAT_VERSION:
@@ -176,20 +179,27 @@ def load_trainer_state(ckpt_dir: str | Path, model: torch.nn.Module,
         raise CheckpointError(f"{folder}/model.safetensors is corrupt: got {digest}, "
                               f"state.json says {expected}")
     model.load_state_dict(tensors)
-    optimizer.load_state_dict(_torch_load(folder / "optimizer.pt"))
+    optimizer.load_state_dict(_read_named(folder / "optimizer.pt", _torch_load))
     if scheduler is not None:
-        scheduler.load_state_dict(_torch_load(folder / "scheduler.pt"))
+        scheduler.load_state_dict(_read_named(folder / "scheduler.pt", _torch_load))
     for name, part in (modules or {}).items():
-        part.load_state_dict(_torch_load(folder / f"{name}.pt"))
-    _set_rng_state(read_json(folder / "rng.json"))
-    return TrainerState(step=state["step"], cursor=read_json(folder / "cursor.json"),
+        part.load_state_dict(_read_named(folder / f"{name}.pt", _torch_load))
+    _set_rng_state(_read_named(folder / "rng.json", read_json))
+    return TrainerState(step=state["step"], cursor=_read_named(folder / "cursor.json", read_json),
                         extra=state["extra"], config_hash=state["config_hash"], path=folder,
                         ranks=state.get("ranks", {}))
 
 
 def _torch_save(obj: object, path: Path) -> None:
-    torch.save(obj, path)
+    """`torch.save` to a temporary path, done whole again after a transient error."""
+    PROCESS_RETRY.write("checkpoint file", path, lambda: torch.save(obj, path))
     fsync_file(path)
+
+
+def _read_named(path: Path, read: Callable[[Path], T]) -> T:
+    """`read(path)` of a file of the checkpoint `LATEST` names, with retries: waited for
+    while it is not visible on this node yet (`core.retry`, `named`)."""
+    return PROCESS_RETRY.read("checkpoint file", path, lambda: read(path), named=True)
 
 
 def _torch_load(path: Path) -> Any:

@@ -175,7 +175,7 @@ def test_a_named_file_that_is_gone_ends_the_wait_at_once(data: Path) -> None:
     looks = iter([False, False, True])
     with pytest.raises(FileNotFoundError):
         ReadRetry(counters, sleep=lambda s: None).read("x", data, read, named=True,
-                                                       gone=lambda: next(looks))
+                                                       absent=lambda: next(looks))
     assert read.calls == 3 and counters["io_retries"] == 2
 
 
