@@ -56,6 +56,8 @@ TRANSIENT_ERRNOS = frozenset({errno.EIO, errno.ESTALE, errno.EAGAIN, errno.EINTR
 
 # How HDF5 (through h5py) reports the system call's failure inside its own message.
 _ERRNO_IN_TEXT = re.compile(r"errno = (\d+)")
+# How others (torch's file writer: "open file failed with strerror: ...") quote it.
+_TRANSIENT_TEXTS = [(c, f"strerror: {os.strerror(c)}") for c in sorted(TRANSIENT_ERRNOS)]
 
 PROCESS_COUNTERS: Counter[str] = Counter()
 """Retries of the reads that name no counter of their own (weights, ledgers), per process."""
@@ -122,16 +124,21 @@ class Retrier(Protocol):
 
 def io_errno(exc: BaseException) -> int | None:
     """The OS error number behind `exc` (its own, one it names in its text as HDF5 does,
-    or its cause's), or None when it names none."""
+    a transient one whose message it quotes as torch's file writer does, or its cause's),
+    or None when it names none."""
     seen: set[int] = set()
     e: BaseException | None = exc
     while e is not None and id(e) not in seen:
         seen.add(id(e))
         if isinstance(e, OSError) and e.errno is not None:
             return e.errno
-        m = _ERRNO_IN_TEXT.search(str(e))
+        text = str(e)
+        m = _ERRNO_IN_TEXT.search(text)
         if m:
             return int(m.group(1))
+        quoted = next((c for c, message in _TRANSIENT_TEXTS if message in text), None)
+        if quoted is not None:
+            return quoted
         e = e.__cause__ or e.__context__
     return None
 

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from rft_hpc.core.errors import UserError
-from rft_hpc.core.retry import PROCESS_RETRY
+from rft_hpc.core.retry import PROCESS_RETRY, read_bytes
 
 RUNDIR_LAYOUT_VERSION = 1
 
@@ -123,8 +123,8 @@ def atomic_write_json(path: str | os.PathLike[str], obj: object, *, durable: boo
 
 # -> Any: the document's shape is the caller's to know (a heartbeat, a manifest, ...)
 def read_json(path: str | os.PathLike[str]) -> Any:
-    """Read a JSON document written by `atomic_write_json`."""
-    return json.loads(Path(path).read_text(encoding="utf-8"))
+    """Read a JSON document written by `atomic_write_json` (with retries: `core.retry`)."""
+    return json.loads(read_bytes(Path(path), what="JSON file"))
 
 
 def write_jsonl(path: str | os.PathLike[str], rows: Iterable[object], *,
@@ -138,8 +138,8 @@ def write_jsonl(path: str | os.PathLike[str], rows: Iterable[object], *,
 # list[Any]: as read_json, each row's shape is the caller's to know
 def read_jsonl(path: str | os.PathLike[str]) -> list[Any]:
     """The rows of a file written by `write_jsonl`."""
-    return [json.loads(line) for line in Path(path).read_text(encoding="utf-8").splitlines()
-            if line.strip()]
+    text = read_bytes(Path(path), what="JSON lines").decode("utf-8")
+    return [json.loads(line) for line in text.splitlines() if line.strip()]
 
 
 def weights_folder_name(version: int) -> str:

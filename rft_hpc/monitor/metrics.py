@@ -9,7 +9,9 @@ them, cost a role ~1 ms a step for its ~30 metrics).
 
 from __future__ import annotations
 
+import contextlib
 import json
+import logging
 import math
 import os
 import time
@@ -17,7 +19,9 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from rft_hpc.core.retry import PROCESS_RETRY, open_append
+from rft_hpc.core.retry import PROCESS_COUNTERS, PROCESS_RETRY, open_append
+
+log = logging.getLogger(__name__)
 
 
 class MetricsWriter:
@@ -28,11 +32,13 @@ class MetricsWriter:
         self.path = metrics_dir / f"{role}.jsonl"
         self._file = os.fdopen(open_append(self.path, what="metrics"), "a", encoding="utf-8")
         self._tb = None
+        self._tb_dir = str(metrics_dir / "tb" / role)
         if tensorboard:
             from tensorboard.compat.proto.summary_pb2 import Summary
             from torch.utils.tensorboard.writer import FileWriter
 
-            self._tb, self._summary = FileWriter(str(metrics_dir / "tb" / role)), Summary
+            self._summary, self._tb_writer = Summary, FileWriter
+            self._tb = self._new_events()
 
     def log(self, step: int, values: Mapping[str, Any]) -> None:
         """Record `values` at `step` (non-finite floats are written as null)."""
@@ -45,15 +51,39 @@ class MetricsWriter:
                 scalars.append((key, float(value)))
         if self._tb is not None and scalars:
             entry = self._summary.Value
-            self._tb.add_summary(self._summary(value=[entry(tag=k, simple_value=v)
-                                                      for k, v in scalars]), step)
+            self._add_summary(self._summary(value=[entry(tag=k, simple_value=v)
+                                                   for k, v in scalars]), step)
         self._file.write(json.dumps(row) + "\n")
         self._file.flush()
 
+    def _add_summary(self, summary: Any, step: int) -> None:
+        """Add to TensorBoard's events; after an I/O error (its writer thread reopens the
+        file for every flush, and stops at the first failure) go on in a new events file:
+        the events of the failed flush are lost, the JSON lines are not."""
+        try:
+            self._tb.add_summary(summary, step)
+            return
+        except OSError as exc:
+            log.warning("TensorBoard events of %s: %s; going on in a new events file",
+                        self.path.stem, exc)
+        PROCESS_COUNTERS["io_retries"] += 1
+        with contextlib.suppress(OSError):
+            self._tb.close()
+        self._tb = self._new_events()
+        self._tb.add_summary(summary, step)
+
+    def _new_events(self) -> Any:
+        """A TensorBoard writer of a new events file (made again after a transient error:
+        it writes the file's first event at once)."""
+        return PROCESS_RETRY.write("TensorBoard events", self._tb_dir,
+                                   lambda: self._tb_writer(self._tb_dir))
+
     def close(self) -> None:
+        """Close the JSON lines file and TensorBoard's events."""
         self._file.close()
         if self._tb is not None:
-            self._tb.close()
+            with contextlib.suppress(OSError):  # the last flush's events at worst
+                self._tb.close()
 
 
 class MetricsTail:

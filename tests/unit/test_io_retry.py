@@ -232,3 +232,10 @@ def test_a_file_that_never_settles_gives_its_last_value_after_appear_s(data: Pat
     got = ReadRetry(Counter(), policy, sleep=waits.append).read_settled(
         "heartbeat", data, lambda: "running", lambda v: v == "done")
     assert got == "running" and sum(waits) == pytest.approx(5.0)
+
+
+def test_an_errno_quoted_by_torch_is_found() -> None:
+    exc = RuntimeError("[enforce fail at inline_container.cc:747] . open file failed with "
+                       "strerror: Input/output error")
+    assert io_errno(exc) == errno.EIO
+    assert io_errno(RuntimeError("strerror: Permission denied")) is None  # no passing fault
