@@ -9,13 +9,18 @@
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 
 from rft_hpc.buffer.segment import SCHEMA_VERSION
 from rft_hpc.core.errors import UserError
-from rft_hpc.core.rundir import atomic_write_json, atomic_write_text, fsync_dir, is_temporary
+from rft_hpc.core.rundir import (
+    atomic_write_json,
+    atomic_write_text,
+    fsync_dir,
+    is_temporary,
+    read_json,
+)
 
 FORMAT_FILE = "FORMAT"
 FORMAT_NAME = "rft-hpc-buffer"
@@ -41,7 +46,7 @@ def open_buffer_dir(path: Path) -> Path:
         raise UserError(f"{path} is a file, not a buffer folder")
     marker = path / FORMAT_FILE
     try:
-        fmt = json.loads(marker.read_text(encoding="utf-8"))
+        fmt = read_json(marker)
         ok = fmt.get("format") == FORMAT_NAME
     except (OSError, ValueError, AttributeError):
         ok = False

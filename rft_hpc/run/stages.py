@@ -23,6 +23,7 @@ from rft_hpc.config.launch import LaunchConfig
 from rft_hpc.config.schema import REWARD_MODEL_FOLDER
 from rft_hpc.config.workflow import MultiTurnWorkflow
 from rft_hpc.core.errors import UserError
+from rft_hpc.core.retry import read_bytes
 from rft_hpc.core.rundir import RunDir, atomic_write_json, atomic_write_text, read_json
 from rft_hpc.envs.tool_demos import tool_demonstrations
 from rft_hpc.eval.bench import RESULTS_FILE
@@ -148,7 +149,8 @@ def check_same_config(config: ExperimentConfig, run: RunDir) -> bool:
     when it holds none; a `UserError` when it holds another."""
     if not run.config.exists():
         return False
-    if yaml.safe_load(run.config.read_text()) != yaml.safe_load(_config_text(config)):
+    frozen = yaml.safe_load(read_bytes(run.config, what="config"))
+    if frozen != yaml.safe_load(_config_text(config)):
         raise UserError(f"{run.root} already holds a run with a different config; give "
                         "this one another run.name, or run the same config to resume it")
     return True
