@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -14,7 +15,7 @@ import yaml
 
 from rft_hpc.config import ExperimentConfig, load_config
 from rft_hpc.core.json_types import JSONValue
-from rft_hpc.core.retry import PROCESS_RETRY, read_bytes
+from rft_hpc.core.retry import PROCESS_RETRY, StillUnreadable, read_bytes
 from rft_hpc.core.rundir import RunDir, atomic_write_json, atomic_write_text
 from rft_hpc.core.watch import FolderWatch
 from rft_hpc.runtime.lifecycle import RequeueRequested
@@ -29,8 +30,12 @@ def freeze_config(config: ExperimentConfig, path: Path) -> None:
 
 
 def load_stage(stage_dir: Path) -> tuple[ExperimentConfig, RunDir]:
-    """The frozen config of a stage directory and its paths."""
+    """The frozen config of a stage directory and its paths. The launcher that started
+    this role wrote the config: one this node does not see yet is waited for (`core.retry`,
+    `named`); one that never appears ends as the config loader's "not found"."""
     run = RunDir(stage_dir)
+    with contextlib.suppress(StillUnreadable):
+        PROCESS_RETRY.read("stage config", run.config, run.config.stat, named=True)
     return load_config(run.config), run
 
 
