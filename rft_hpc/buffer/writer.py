@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import logging
 import os
-import shutil
 from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
@@ -25,7 +24,7 @@ from rft_hpc.buffer.segment import (
 )
 from rft_hpc.buffer.segment_write import write_segment_file
 from rft_hpc.core.retry import PROCESS_RETRY
-from rft_hpc.core.rundir import TEMP_PREFIX, commit_file, is_temporary
+from rft_hpc.core.rundir import TEMP_PREFIX, commit_file, is_temporary, remove_tree
 
 log = logging.getLogger(__name__)
 
@@ -137,7 +136,7 @@ class SegmentWriter:
         for name in removed:
             path = self.dir / name
             if path.is_dir():
-                shutil.rmtree(path, ignore_errors=True)
+                remove_tree(path)
             else:
                 path.unlink(missing_ok=True)
         if removed:

@@ -273,11 +273,12 @@ PROCESS_RETRY = ReadRetry()
 """The retrier of reads that bring no counters of their own (counted in PROCESS_COUNTERS)."""
 
 
-def io_metrics(counters: Counter[str] | None = None) -> dict[str, int]:
-    """The retry counts of `counters` (default: this process's), as metric values."""
-    c = PROCESS_COUNTERS if counters is None else counters
-    return {name: int(c[name]) for name in ("io_retries", "io_recovered", "io_gave_up",
-                                             "io_late")}
+def io_metrics(*counters: Counter[str]) -> dict[str, int]:
+    """The retry counts of `counters` added up (default: this process's), as metric
+    values."""
+    sources = counters or (PROCESS_COUNTERS,)
+    return {name: sum(int(c[name]) for c in sources)
+            for name in ("io_retries", "io_recovered", "io_gave_up", "io_late")}
 
 
 def read_bytes(path: Path, *, retry: Retrier | None = None, what: str = "file") -> bytes:

@@ -17,9 +17,11 @@ temporary name, flush, fsync, rename, fsync of the folder. No file locks are use
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import secrets
+import shutil
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -140,6 +142,14 @@ def read_jsonl(path: str | os.PathLike[str]) -> list[Any]:
     """The rows of a file written by `write_jsonl`."""
     text = read_bytes(Path(path), what="JSON lines").decode("utf-8")
     return [json.loads(line) for line in text.splitlines() if line.strip()]
+
+
+def remove_tree(path: str | os.PathLike[str]) -> None:
+    """Delete a folder and what it holds, as far as it goes: what cannot be deleted now
+    (an I/O error; `shutil.rmtree(ignore_errors=True)` still raises what its `fstat` of
+    the folder meets) stays, for the next cleanup of its owner."""
+    with contextlib.suppress(OSError):
+        shutil.rmtree(path, ignore_errors=True)
 
 
 def weights_folder_name(version: int) -> str:

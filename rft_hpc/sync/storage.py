@@ -26,7 +26,6 @@ import json
 import os
 import re
 import secrets
-import shutil
 import struct
 import tempfile
 import threading
@@ -38,7 +37,7 @@ from pathlib import Path
 import torch
 
 from rft_hpc.core.retry import PROCESS_RETRY, Retrier
-from rft_hpc.core.rundir import TEMP_PREFIX, fsync_dir
+from rft_hpc.core.rundir import TEMP_PREFIX, fsync_dir, remove_tree
 from rft_hpc.sync.crc import RunningCrc
 
 CHECKSUM_ALGORITHM = "crc32"
@@ -244,7 +243,7 @@ def remove_temporaries(parent: Path) -> None:
     for entry in parent.iterdir():
         if entry.name.startswith(TEMP_PREFIX):
             if entry.is_dir() and not entry.is_symlink():
-                shutil.rmtree(entry, ignore_errors=True)
+                remove_tree(entry)
             else:
                 entry.unlink(missing_ok=True)
 
@@ -288,7 +287,7 @@ def _discard(folder: Path, *, later: bool = False) -> None:
     if later:
         _delete_later(trash)
     else:
-        shutil.rmtree(trash, ignore_errors=True)
+        remove_tree(trash)
 
 
 _deletion_lock = threading.Lock()
@@ -302,7 +301,7 @@ def _delete_later(path: Path) -> None:
         if _deleter is None:  # one thread: deletions run in order, one at a time
             _deleter = ThreadPoolExecutor(1, thread_name_prefix="rft-hpc-delete")
         _deletions[:] = [f for f in _deletions if not f.done()]
-        _deletions.append(_deleter.submit(shutil.rmtree, path, ignore_errors=True))
+        _deletions.append(_deleter.submit(remove_tree, path))
 
 
 def wait_for_deletions() -> None:

@@ -33,7 +33,6 @@ from __future__ import annotations
 import errno
 import logging
 import re
-import shutil
 import time
 from collections.abc import Collection, Mapping
 from pathlib import Path
@@ -44,7 +43,13 @@ import torch
 from rft_hpc.config import ExperimentConfig
 from rft_hpc.core.errors import UserError
 from rft_hpc.core.retry import PROCESS_RETRY, StillUnreadable, read_bytes
-from rft_hpc.core.rundir import atomic_write_json, atomic_write_text, read_json, weights_folder_name
+from rft_hpc.core.rundir import (
+    atomic_write_json,
+    atomic_write_text,
+    read_json,
+    remove_tree,
+    weights_folder_name,
+)
 from rft_hpc.models.lora import ADAPTER_CONFIG_FILE, ADAPTER_FILE, is_adapter_state
 from rft_hpc.sync.delta import CODEC, DELTA_FILE, DeltaMismatch, apply_state, describe, encode_state
 from rft_hpc.sync.protocols import WeightSink
@@ -151,7 +156,7 @@ def publish_weights(weights_dir: str | Path, state_dict: Mapping[str, torch.Tens
         atomic_write_json(tmp / MANIFEST_FILE, manifest)
         commit_folder(tmp, final)
     except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
+        remove_tree(tmp)
         raise
     atomic_write_text(weights_dir / LATEST_FILE, f"{version}\n")
     _prune(weights_dir, keep, {version, *keep_also})

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import random
 import re
-import shutil
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -44,6 +43,7 @@ from rft_hpc.core.rundir import (
     atomic_write_text,
     fsync_file,
     read_json,
+    remove_tree,
     trainer_step_folder_name,
 )
 from rft_hpc.sync.storage import (
@@ -121,7 +121,7 @@ def save_trainer_state(ckpt_dir: str | Path, step: int, *, model: torch.nn.Modul
             "model": digest.as_json()})
         commit_folder(tmp, final)
     except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
+        remove_tree(tmp)
         raise
     atomic_write_text(ckpt_dir / "LATEST", f"trainer/{final.name}\n")
     prune_numbered(parent, _STEP_FOLDER, keep, protect={step})

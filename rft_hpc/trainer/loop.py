@@ -19,6 +19,7 @@ from rft_hpc.buffer.compact import Compactor
 from rft_hpc.buffer.reader import Batch, BufferReader
 from rft_hpc.config import ExperimentConfig
 from rft_hpc.core.json_types import JSONValue
+from rft_hpc.core.retry import PROCESS_COUNTERS
 from rft_hpc.core.rundir import RunDir
 from rft_hpc.eval.carry import carried_scores
 from rft_hpc.eval.heldout import HeldOutEvaluation
@@ -201,7 +202,7 @@ class TrainerLoop:
         self.clock.observe_step(time.monotonic() - t1)
         values.update(seconds=time.monotonic() - t0, wait_seconds=t1 - t0,
                       backlog=self.reader.pending, weights_gathered=self.weights_gathered,
-                      **self.reader.io_metrics())
+                      **self.reader.io_metrics(PROCESS_COUNTERS))  # and weights, ckpt ...
         self.ledger.append("step", step=self.step, consumed=compact_refs(batch.refs),
                            published=published, dropped_stale=batch.dropped_stale,
                            seconds=round(time.monotonic() - t0, 4))
