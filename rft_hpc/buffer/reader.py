@@ -114,6 +114,11 @@ class BufferReader:
                 added += n
         return added
 
+    def reached(self, writer: str, step: int) -> bool:
+        """Whether this reader has read (or moved past) every step of `writer` before
+        `step`."""
+        return step <= 0 or self._next.get(writer, 0) >= step
+
     @property
     def changes(self) -> FolderWatch:
         """A watch on the buffer folder and its writers' folders (made on first use, kept

@@ -37,10 +37,14 @@ class LedgerWriter:
             self.append("ledger", ledger_version=LEDGER_VERSION, role=role)
 
     def append(self, event: str, **fields: object) -> None:
-        """Append one event (with the time) in one write; fsync it when durable."""
+        """Append one event (with the time) in one write (a short write is carried on; a
+        failed one is not written again: it may have landed, and a doubled line would count
+        twice); fsync it when durable."""
         line = json.dumps({"event": event, "time": time.time(), **fields},
                           separators=(",", ":")) + "\n"
-        os.write(self._fd, line.encode("utf-8"))
+        data = memoryview(line.encode("utf-8"))
+        while data:
+            data = data[os.write(self._fd, data):]
         if self.durable:
             os.fsync(self._fd)
 
