@@ -14,6 +14,7 @@ from pathlib import Path
 
 from rft_hpc.buffer.segment import SCHEMA_VERSION
 from rft_hpc.core.errors import UserError
+from rft_hpc.core.retry import PROCESS_RETRY
 from rft_hpc.core.rundir import (
     atomic_write_json,
     atomic_write_text,
@@ -57,14 +58,16 @@ def open_buffer_dir(path: Path) -> Path:
 
 
 def writer_names(buffer_dir: Path) -> list[str]:
-    """Names of the writer folders in a buffer (one listing of the buffer folder), sorted."""
+    """Names of the writer folders in a buffer (one listing of the buffer folder, with
+    retries: `core.retry`), sorted."""
+    def names() -> list[str]:
+        with os.scandir(buffer_dir) as entries:
+            return sorted(e.name for e in entries
+                          if e.is_dir() and e.name != QUARANTINE and not e.name.startswith("."))
     try:
-        entries = os.scandir(buffer_dir)
+        return PROCESS_RETRY.read("buffer folder", buffer_dir, names)
     except FileNotFoundError:
         return []
-    with entries:
-        return sorted(e.name for e in entries
-                      if e.is_dir() and e.name != QUARANTINE and not e.name.startswith("."))
 
 
 def quarantine_segment(buffer_dir: Path, segment: Path, reason: str) -> Path:

@@ -303,13 +303,17 @@ class RunDir:
         return self.root / "report.png"
 
     def create(self) -> RunDir:
-        """Create the folders of the layout (idempotent) and record the layout version."""
+        """Create the folders of the layout (idempotent: done again after a transient
+        error) and record the layout version."""
+        PROCESS_RETRY.write("run directory", self.root, self._create)
+        return self
+
+    def _create(self) -> None:
         for folder in (self.buffer, self.weights, self.ckpt, self.state, self.metrics, self.jobs):
             folder.mkdir(parents=True, exist_ok=True)
         marker = self.root / "RUNDIR_VERSION"
         if not marker.exists():
             atomic_write_text(marker, f"{RUNDIR_LAYOUT_VERSION}\n")
-        return self
 
 
 def open_run_dir(path: Path) -> RunDir:

@@ -230,33 +230,40 @@ def commit_folder(tmp: Path, final: Path) -> None:
     then deleted, so a reader sees the old folder, no folder, or the new one, never a mix.
     """
     fsync_dir(tmp)
-    if final.exists():
+    if PROCESS_RETRY.read("folder", final, final.exists):
         _discard(final)
     os.rename(tmp, final)
     fsync_dir(final.parent)
 
 
 def remove_temporaries(parent: Path) -> None:
-    """Delete the `.tmp-` leftovers of writers killed in `parent` (sole-writer folders only)."""
-    if not parent.is_dir():
-        return
-    for entry in parent.iterdir():
-        if entry.name.startswith(TEMP_PREFIX):
-            if entry.is_dir() and not entry.is_symlink():
-                remove_tree(entry)
-            else:
-                entry.unlink(missing_ok=True)
+    """Delete the `.tmp-` leftovers of writers killed in `parent` (sole-writer folders only;
+    what an I/O error keeps is left for the next time)."""
+    for name in _names(parent):
+        if name.startswith(TEMP_PREFIX):
+            try:
+                (parent / name).unlink()
+            except IsADirectoryError:
+                remove_tree(parent / name)
+            except OSError:
+                continue
+
+
+def _names(parent: Path) -> list[str]:
+    """The names in `parent` (one listing, with retries: `core.retry`); [] for none."""
+    try:
+        return PROCESS_RETRY.read("folder", parent, lambda: os.listdir(parent))
+    except (FileNotFoundError, NotADirectoryError):
+        return []
 
 
 def numbered_folders(parent: Path, pattern: re.Pattern[str]) -> dict[int, Path]:
     """The folders of `parent` whose whole name matches `pattern` (one group: the number)."""
-    if not parent.is_dir():
-        return {}
     found = {}
-    for entry in parent.iterdir():
-        m = pattern.fullmatch(entry.name)
+    for name in _names(parent):
+        m = pattern.fullmatch(name)
         if m:
-            found[int(m.group(1))] = entry
+            found[int(m.group(1))] = parent / name
     return found
 
 
