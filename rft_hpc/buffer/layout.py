@@ -20,6 +20,7 @@ from rft_hpc.core.rundir import (
     atomic_write_text,
     fsync_dir,
     is_temporary,
+    make_dirs,
     read_json,
 )
 
@@ -32,7 +33,7 @@ def ensure_buffer_dir(path: Path) -> Path:
     """Create the buffer folder and its FORMAT marker if needed; return the path."""
     if path.exists() and not path.is_dir():
         raise UserError(f"{path} is a file, not a buffer folder")
-    path.mkdir(parents=True, exist_ok=True)
+    make_dirs(path)
     if not (path / FORMAT_FILE).exists():
         atomic_write_json(path / FORMAT_FILE,
                           {"format": FORMAT_NAME, "schema_version": SCHEMA_VERSION})
@@ -77,7 +78,7 @@ def quarantine_segment(buffer_dir: Path, segment: Path, reason: str) -> Path:
     (the new one gets a numeric suffix).
     """
     target_dir = buffer_dir / QUARANTINE / segment.parent.name
-    target_dir.mkdir(parents=True, exist_ok=True)
+    make_dirs(target_dir)
     target = target_dir / segment.name
     n = 1
     while target.exists():

@@ -56,6 +56,11 @@ def _fsync(path: str | os.PathLike[str], flags: int) -> None:
         os.close(fd)
 
 
+def make_dirs(path: str | os.PathLike[str]) -> None:
+    """`mkdir -p path`, done again after a transient error (`core.retry`)."""
+    PROCESS_RETRY.write("folder", path, lambda: Path(path).mkdir(parents=True, exist_ok=True))
+
+
 def commit_file(tmp: str | os.PathLike[str], final: str | os.PathLike[str], *,
                 durable: bool = True) -> None:
     """Make a fully written temporary file visible under its final name, atomically.
@@ -89,7 +94,6 @@ def atomic_write_bytes(path: str | os.PathLike[str], data: bytes, *, durable: bo
     write is done again under a fresh temporary name (`core.retry`, counted as its retries).
     """
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
     PROCESS_RETRY.write("file", path, lambda: _write_once(path, data, durable))
     if durable:
         fsync_dir(path.parent)
@@ -99,6 +103,7 @@ def _write_once(path: Path, data: bytes, durable: bool) -> None:
     """One try of `atomic_write_bytes` without the folder's fsync."""
     # A fresh name opened with O_EXCL (as mkstemp does) but with the usual mode, so that the
     # file respects the umask and a run directory shared with a group stays readable.
+    path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.parent / f"{TEMP_PREFIX}{path.name}.{os.getpid()}.{secrets.token_hex(4)}"
     try:
         with open(tmp, "xb") as f:

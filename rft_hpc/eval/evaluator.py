@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from rft_hpc.core.errors import UserError
-from rft_hpc.core.rundir import RunDir, atomic_write_json, read_json
+from rft_hpc.core.rundir import RunDir, atomic_write_json, make_dirs, read_json
 from rft_hpc.engines import build_engine
 from rft_hpc.eval.results import EVAL_RESULT_VERSION, result_path
 from rft_hpc.eval.scoring import heldout_scores
@@ -68,7 +68,7 @@ def run_evaluator(stage_dir: Path, index: int) -> dict[str, Any]:
               "taskset": "eval", "metric": "reward", "accuracy": accuracy,
               **{key.removeprefix("eval_"): value for key, value in scores.items()},
               "tasks": len(tasks), "seconds": round(time.monotonic() - t0, 3)}
-    run.eval.mkdir(parents=True, exist_ok=True)
+    make_dirs(run.eval)
     atomic_write_json(out, result)
     at_step(None)
     write_heartbeat(run, role, status="done", step=1, total=1, version=version,

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from rft_hpc.core.retry import PROCESS_RETRY, open_append
+from rft_hpc.core.rundir import make_dirs
 from rft_hpc.ledger.replay import LEDGER_VERSION, replay
 
 
@@ -27,7 +28,7 @@ class LedgerWriter:
     """Appends events of one role to `<ledger_dir>/<role>.jsonl`."""
 
     def __init__(self, ledger_dir: Path, role: str, *, durable: bool = True) -> None:
-        ledger_dir.mkdir(parents=True, exist_ok=True)
+        make_dirs(ledger_dir)
         self.path = ledger_dir / f"{role}.jsonl"
         self.durable = durable
         self._fd = open_append(self.path, flags=os.O_RDWR | os.O_APPEND | os.O_CREAT,

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from rft_hpc.core.retry import PROCESS_COUNTERS, PROCESS_RETRY, open_append
+from rft_hpc.core.rundir import make_dirs
 
 log = logging.getLogger(__name__)
 
@@ -28,7 +29,7 @@ class MetricsWriter:
     """Appends a role's metrics to `<metrics_dir>/<role>.jsonl` and to TensorBoard."""
 
     def __init__(self, metrics_dir: Path, role: str, *, tensorboard: bool = True) -> None:
-        metrics_dir.mkdir(parents=True, exist_ok=True)
+        make_dirs(metrics_dir)
         self.path = metrics_dir / f"{role}.jsonl"
         self._file = os.fdopen(open_append(self.path, what="metrics"), "a", encoding="utf-8")
         self._tb = None

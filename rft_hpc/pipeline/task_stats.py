@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from rft_hpc.core.retry import open_append
-from rft_hpc.core.rundir import atomic_write_text
+from rft_hpc.core.rundir import atomic_write_text, make_dirs
 
 
 class TaskStats:
@@ -34,7 +34,7 @@ class TaskStats:
                 if row["step"] < committed_step:
                     kept.append(line)
                     self._add(row["tasks"])
-        path.parent.mkdir(parents=True, exist_ok=True)
+        make_dirs(path.parent)
         atomic_write_text(path, "".join(f"{line}\n" for line in kept), durable=durable)
         self._file = os.fdopen(open_append(path, what="task statistics"), "a", encoding="utf-8")
 

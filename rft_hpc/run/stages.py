@@ -24,7 +24,7 @@ from rft_hpc.config.schema import REWARD_MODEL_FOLDER
 from rft_hpc.config.workflow import MultiTurnWorkflow
 from rft_hpc.core.errors import UserError
 from rft_hpc.core.retry import read_bytes
-from rft_hpc.core.rundir import RunDir, atomic_write_json, atomic_write_text, read_json
+from rft_hpc.core.rundir import RunDir, atomic_write_json, atomic_write_text, make_dirs, read_json
 from rft_hpc.envs.tool_demos import tool_demonstrations
 from rft_hpc.eval.bench import RESULTS_FILE
 from rft_hpc.eval.scoring import gold_pairs
@@ -69,7 +69,7 @@ def share_run_dir(launch: LaunchConfig, root: Path) -> None:
     if launch.umask is not None:
         os.umask(int(launch.umask, 8))
     try:
-        root.mkdir(parents=True, exist_ok=True)
+        make_dirs(root)
     except OSError as exc:
         raise UserError(f"cannot create the run directory {root}: {exc.strerror}") from None
     if not os.access(root, os.W_OK | os.X_OK):

@@ -213,7 +213,12 @@ def _numel(shape: list[int]) -> int:
 
 
 def make_temp_folder(parent: Path, name: str) -> Path:
-    """Create a fresh folder `parent/.tmp-<name>.<random>` (creating `parent` if needed)."""
+    """Create a fresh folder `parent/.tmp-<name>.<random>` (creating `parent` if needed;
+    under another fresh name after a transient error)."""
+    return PROCESS_RETRY.write("folder", parent, lambda: _make_temp_folder(parent, name))
+
+
+def _make_temp_folder(parent: Path, name: str) -> Path:
     parent.mkdir(parents=True, exist_ok=True)
     # mkdir (not mkdtemp, which makes it 0700): the folder respects the umask, so weights in
     # a run directory shared with a group stay readable by the group.
