@@ -97,9 +97,10 @@ class MetricsTail:
     def new_rows(self) -> list[dict[str, Any]]:
         """The complete lines added since the last call (read with retries, `core.retry`:
         `StillUnreadable` when I/O errors outlast them; read again at the next call)."""
-        if not self.path.exists():
+        try:
+            data = PROCESS_RETRY.read("metrics", self.path, self._read_new)
+        except FileNotFoundError:
             return []
-        data = PROCESS_RETRY.read("metrics", self.path, self._read_new)
         rows: list[dict[str, Any]] = []
         for line in data.splitlines(keepends=True):
             if not line.endswith(b"\n"):
