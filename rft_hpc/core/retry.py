@@ -193,8 +193,9 @@ class ReadRetry:
     def write(self, what: str, path: str | os.PathLike[str], fn: Callable[[], T]) -> T:
         """Return `fn()`, a whole write of `path` that may be done again (a temporary file
         under a fresh name, then a rename), tried again after transient errors (counted as
-        reads are); any other error is raised at once, and `StillUnreadable` (an `OSError`
-        with the last errno) when the tries run out."""
+        reads are) and after an `OSError` without an errno (HDF5's "can't retrieve stat
+        info") unless it repeats itself exactly; any other error is raised at once, and
+        `StillUnreadable` (an `OSError` with the last errno) when the tries run out."""
         return self._run(what, path, fn, write=True)
 
     def _run(self, what: str, path: str | os.PathLike[str], fn: Callable[[], T], *,
@@ -256,8 +257,10 @@ class ReadRetry:
         code = io_errno(exc)
         if code in TRANSIENT_ERRNOS or (code == errno.ENOENT and existed):
             return code
-        if code is not None or write:  # EACCES, ENOENT of a file never seen, ...: no passing
-            raise exc                  # fault; a write's failure without an errno: a bug
+        if code is not None:  # EACCES, ENOENT of a file never seen, ...: no passing fault
+            raise exc
+        if write and not isinstance(exc, OSError):  # a bug, not the filesystem
+            raise exc
         if previous == (type(exc), str(exc)):
             raise exc  # failed the same way twice: the file is what it is
         return None

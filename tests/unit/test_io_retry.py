@@ -239,3 +239,14 @@ def test_an_errno_quoted_by_torch_is_found() -> None:
                        "strerror: Input/output error")
     assert io_errno(exc) == errno.EIO
     assert io_errno(RuntimeError("strerror: Permission denied")) is None  # no passing fault
+
+
+def test_a_write_failing_without_an_errno_is_done_again_unless_it_repeats(data: Path) -> None:
+    hdf5 = OSError("Unable to synchronously create file (can't retrieve stat info for file)")
+    failing = Failing(data, hdf5)
+    assert ReadRetry(Counter(), sleep=lambda s: None).write("segment", data, failing) \
+        == b"payload"
+    again = Failing(data, *(OSError("the same") for _ in range(3)))
+    with pytest.raises(OSError, match="the same"):
+        ReadRetry(Counter(), sleep=lambda s: None).write("segment", data, again)
+    assert again.calls == 2
