@@ -60,7 +60,8 @@ _ERRNO_IN_TEXT = re.compile(r"errno = (\d+)")
 _TRANSIENT_TEXTS = [(c, f"strerror: {os.strerror(c)}") for c in sorted(TRANSIENT_ERRNOS)]
 
 PROCESS_COUNTERS: Counter[str] = Counter()
-"""Retries of the reads that name no counter of their own (weights, ledgers), per process."""
+"""Retries of the reads and writes that name no counter of their own (weights, ledgers,
+heartbeats, atomic writes ...), per process."""
 
 
 @dataclass(frozen=True)
