@@ -72,9 +72,16 @@ def commit_file(tmp: str | os.PathLike[str], final: str | os.PathLike[str], *,
     """
     if durable:
         fsync_file(tmp)
-    PROCESS_RETRY.write("file", final, lambda: _replace(tmp, final))
+    rename_into_place(tmp, final)
     if durable:
         fsync_dir(Path(final).parent)
+
+
+def rename_into_place(tmp: str | os.PathLike[str], final: str | os.PathLike[str]) -> None:
+    """`os.replace(tmp, final)`, done again after a transient error (`core.retry`); one that
+    failed but happened (`tmp` gone, `final` there: the server did it and lost the reply)
+    counts as done."""
+    PROCESS_RETRY.write("file", final, lambda: _replace(tmp, final))
 
 
 def _replace(tmp: str | os.PathLike[str], final: str | os.PathLike[str]) -> None:
@@ -82,7 +89,7 @@ def _replace(tmp: str | os.PathLike[str], final: str | os.PathLike[str]) -> None
         os.replace(tmp, final)
     except OSError:
         if not os.path.lexists(tmp) and os.path.lexists(final):
-            return  # the server did it and failed the reply
+            return
         raise
 
 

@@ -37,7 +37,7 @@ from pathlib import Path
 import torch
 
 from rft_hpc.core.retry import PROCESS_RETRY, Retrier
-from rft_hpc.core.rundir import TEMP_PREFIX, fsync_dir, remove_tree
+from rft_hpc.core.rundir import TEMP_PREFIX, fsync_dir, remove_tree, rename_into_place
 from rft_hpc.sync.crc import RunningCrc
 
 CHECKSUM_ALGORITHM = "crc32"
@@ -237,7 +237,7 @@ def commit_folder(tmp: Path, final: Path) -> None:
     fsync_dir(tmp)
     if PROCESS_RETRY.read("folder", final, final.exists):
         _discard(final)
-    os.rename(tmp, final)
+    rename_into_place(tmp, final)
     fsync_dir(final.parent)
 
 
