@@ -292,9 +292,10 @@ def prune_numbered(parent: Path, pattern: re.Pattern[str], keep: int,
 def _discard(folder: Path, *, later: bool = False) -> None:
     """Rename `folder` to a temporary name (atomic disappearance), then delete it: now, or
     with `later` on the deletion thread."""
-    trash = Path(tempfile.mkdtemp(prefix=f"{TEMP_PREFIX}gone-{folder.name}.", dir=folder.parent))
+    trash = Path(PROCESS_RETRY.write("folder", folder.parent, lambda: tempfile.mkdtemp(
+        prefix=f"{TEMP_PREFIX}gone-{folder.name}.", dir=folder.parent)))
     with contextlib.suppress(FileNotFoundError):  # already gone
-        os.rename(folder, trash / folder.name)
+        rename_into_place(folder, trash / folder.name)
     fsync_dir(folder.parent)
     if later:
         _delete_later(trash)
