@@ -244,10 +244,10 @@ def _read_manifest(weights_dir: str | Path, version: int,
         """Nothing to wait for: LATEST moved on, or the folder is seen without the manifest
         (a folder is committed whole: seeing it means seeing what it holds)."""
         try:
-            latest = latest_weights_version(weights_dir)
-        except WeightsError:
+            return latest_weights_version(weights_dir) != top or (
+                folder.is_dir() and not path.exists())
+        except (WeightsError, OSError):  # cannot tell now: wait on
             return False
-        return latest != top or (folder.is_dir() and not path.exists())
 
     try:
         manifest = PROCESS_RETRY.read("weights manifest", path, lambda: read_json(path),
