@@ -36,7 +36,7 @@ from rft_hpc.buffer.segment import (
     read_segment_once,
     segment_name,
 )
-from rft_hpc.core.retry import Retrier
+from rft_hpc.core.retry import PROCESS_RETRY, Retrier
 
 ARCHIVE_PREFIX = "archive-"
 _NAME = re.compile(r"^archive-(\d+)-(\d+)\.h5$")
@@ -124,9 +124,11 @@ def is_archive(path: Path) -> bool:
 
 
 def list_writer(writer_dir: Path) -> WriterFiles:
-    """One listing of a writer folder, classified (empty for a missing folder)."""
+    """One listing of a writer folder (with retries: `core.retry`), classified (empty for
+    a missing folder)."""
     try:
-        return classify(os.listdir(writer_dir))
+        return classify(PROCESS_RETRY.read("writer folder", writer_dir,
+                                           lambda: os.listdir(writer_dir)))
     except FileNotFoundError:
         return WriterFiles()
 

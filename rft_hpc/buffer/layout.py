@@ -9,13 +9,20 @@
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 
 from rft_hpc.buffer.segment import SCHEMA_VERSION
 from rft_hpc.core.errors import UserError
-from rft_hpc.core.rundir import atomic_write_json, atomic_write_text, fsync_dir, is_temporary
+from rft_hpc.core.retry import PROCESS_RETRY
+from rft_hpc.core.rundir import (
+    atomic_write_json,
+    atomic_write_text,
+    fsync_dir,
+    is_temporary,
+    make_dirs,
+    read_json,
+)
 
 FORMAT_FILE = "FORMAT"
 FORMAT_NAME = "rft-hpc-buffer"
@@ -26,7 +33,7 @@ def ensure_buffer_dir(path: Path) -> Path:
     """Create the buffer folder and its FORMAT marker if needed; return the path."""
     if path.exists() and not path.is_dir():
         raise UserError(f"{path} is a file, not a buffer folder")
-    path.mkdir(parents=True, exist_ok=True)
+    make_dirs(path)
     if not (path / FORMAT_FILE).exists():
         atomic_write_json(path / FORMAT_FILE,
                           {"format": FORMAT_NAME, "schema_version": SCHEMA_VERSION})
@@ -41,7 +48,7 @@ def open_buffer_dir(path: Path) -> Path:
         raise UserError(f"{path} is a file, not a buffer folder")
     marker = path / FORMAT_FILE
     try:
-        fmt = json.loads(marker.read_text(encoding="utf-8"))
+        fmt = read_json(marker)
         ok = fmt.get("format") == FORMAT_NAME
     except (OSError, ValueError, AttributeError):
         ok = False
@@ -52,14 +59,16 @@ def open_buffer_dir(path: Path) -> Path:
 
 
 def writer_names(buffer_dir: Path) -> list[str]:
-    """Names of the writer folders in a buffer (one listing of the buffer folder), sorted."""
+    """Names of the writer folders in a buffer (one listing of the buffer folder, with
+    retries: `core.retry`), sorted."""
+    def names() -> list[str]:
+        with os.scandir(buffer_dir) as entries:
+            return sorted(e.name for e in entries
+                          if e.is_dir() and e.name != QUARANTINE and not e.name.startswith("."))
     try:
-        entries = os.scandir(buffer_dir)
+        return PROCESS_RETRY.read("buffer folder", buffer_dir, names)
     except FileNotFoundError:
         return []
-    with entries:
-        return sorted(e.name for e in entries
-                      if e.is_dir() and e.name != QUARANTINE and not e.name.startswith("."))
 
 
 def quarantine_segment(buffer_dir: Path, segment: Path, reason: str) -> Path:
@@ -69,7 +78,7 @@ def quarantine_segment(buffer_dir: Path, segment: Path, reason: str) -> Path:
     (the new one gets a numeric suffix).
     """
     target_dir = buffer_dir / QUARANTINE / segment.parent.name
-    target_dir.mkdir(parents=True, exist_ok=True)
+    make_dirs(target_dir)
     target = target_dir / segment.name
     n = 1
     while target.exists():

@@ -114,6 +114,11 @@ class BufferReader:
                 added += n
         return added
 
+    def reached(self, writer: str, step: int) -> bool:
+        """Whether this reader has read (or moved past) every step of `writer` before
+        `step`."""
+        return step <= 0 or self._next.get(writer, 0) >= step
+
     @property
     def changes(self) -> FolderWatch:
         """A watch on the buffer folder and its writers' folders (made on first use, kept
@@ -366,10 +371,12 @@ class BufferReader:
             del self._refs[key]
             self._cache.pop(key, None)
 
-    def io_metrics(self) -> dict[str, int]:
-        """This reader's retried reads (`core.retry.io_metrics`) and the reads it left
-        pending for a later poll, as metric values."""
-        return {**io_metrics(self.counters), "reads_deferred": int(self.counters["reads_deferred"])}
+    def io_metrics(self, *others: Counter[str]) -> dict[str, int]:
+        """This reader's retried reads (`core.retry.io_metrics`, with those of `others`
+        added: the process's other reads and writes) and the reads it left pending for a
+        later poll, as metric values."""
+        return {**io_metrics(self.counters, *others),
+                "reads_deferred": int(self.counters["reads_deferred"])}
 
     # -- cursor ------------------------------------------------------------------------
 

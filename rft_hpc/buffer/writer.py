@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import logging
 import os
-import shutil
 from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
@@ -24,7 +23,8 @@ from rft_hpc.buffer.segment import (
     segment_name,
 )
 from rft_hpc.buffer.segment_write import write_segment_file
-from rft_hpc.core.rundir import TEMP_PREFIX, commit_file, is_temporary
+from rft_hpc.core.retry import PROCESS_RETRY
+from rft_hpc.core.rundir import TEMP_PREFIX, commit_file, is_temporary, remove_tree
 from rft_hpc.core.storage import raise_if_full
 
 log = logging.getLogger(__name__)
@@ -94,9 +94,10 @@ class SegmentWriter:
         final = self.dir / segment_name(start)
         tmp = self.dir / f"{TEMP_PREFIX}{final.name}.{os.getpid()}"
         try:
-            self.bytes_written += write_segment_file(
+            # written whole again (same temporary name) after a transient error
+            self.bytes_written += PROCESS_RETRY.write("segment", tmp, lambda: write_segment_file(
                 tmp, self.kind, self._pending, writer=self.writer, step_start=start,
-                step_end=end)
+                step_end=end))
         except BaseException as exc:
             tmp.unlink(missing_ok=True)
             raise_if_full(exc, final)  # a full disk: named with the segment (StorageFull)
@@ -137,7 +138,7 @@ class SegmentWriter:
         for name in removed:
             path = self.dir / name
             if path.is_dir():
-                shutil.rmtree(path, ignore_errors=True)
+                remove_tree(path)
             else:
                 path.unlink(missing_ok=True)
         if removed:

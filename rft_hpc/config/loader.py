@@ -19,6 +19,7 @@ from rft_hpc.config.errors import ConfigError, Problem
 from rft_hpc.config.explain import Key, describe, dotted, explain
 from rft_hpc.config.renamed import take_renamed
 from rft_hpc.config.schema import ExperimentConfig
+from rft_hpc.core.retry import read_bytes
 
 Check = Callable[[ExperimentConfig], Iterator[tuple[tuple[Key, ...], str]]]
 """A check of a validated config: yields (key path, problem) for each thing wrong."""
@@ -63,7 +64,7 @@ def _read(path: Path) -> str:
     if path.is_dir():
         raise ConfigError([Problem(path, "is a folder, not a config file")])
     try:
-        return path.read_text(encoding="utf-8")
+        return read_bytes(path, what="config").decode("utf-8")
     except UnicodeDecodeError as exc:
         raise ConfigError(
             [Problem(path, f"not UTF-8 text ({exc.reason} at byte {exc.start})")]

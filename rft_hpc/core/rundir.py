@@ -19,15 +19,18 @@ A write that meets a full disk or an exceeded quota removes its temporary file a
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import secrets
+import shutil
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from rft_hpc.core.errors import UserError
+from rft_hpc.core.retry import PROCESS_RETRY, read_bytes
 from rft_hpc.core.storage import raise_if_full
 
 RUNDIR_LAYOUT_VERSION = 1
@@ -37,21 +40,28 @@ TEMP_PREFIX = ".tmp-"
 
 
 def fsync_dir(path: str | os.PathLike[str]) -> None:
-    """Flush a folder's entries (a rename or create inside it) to stable storage."""
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    """Flush a folder's entries (a rename or create inside it) to stable storage (done again
+    after a transient error: `core.retry`)."""
+    PROCESS_RETRY.write("folder", path, lambda: _fsync(path, os.O_RDONLY | os.O_DIRECTORY))
 
 
 def fsync_file(path: str | os.PathLike[str]) -> None:
-    """Flush a closed file's data to stable storage (for files written by other libraries)."""
-    fd = os.open(path, os.O_RDONLY)
+    """Flush a closed file's data to stable storage (for files written by other libraries;
+    done again after a transient error)."""
+    PROCESS_RETRY.write("file", path, lambda: _fsync(path, os.O_RDONLY))
+
+
+def _fsync(path: str | os.PathLike[str], flags: int) -> None:
+    fd = os.open(path, flags)
     try:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def make_dirs(path: str | os.PathLike[str]) -> None:
+    """`mkdir -p path`, done again after a transient error (`core.retry`)."""
+    PROCESS_RETRY.write("folder", path, lambda: Path(path).mkdir(parents=True, exist_ok=True))
 
 
 def commit_file(tmp: str | os.PathLike[str], final: str | os.PathLike[str], *,
@@ -60,11 +70,13 @@ def commit_file(tmp: str | os.PathLike[str], final: str | os.PathLike[str], *,
 
     With `durable`, the file's data is fsynced before the rename and the folder after it,
     so that after a crash the final name either does not exist or holds the whole file.
+    Each step is done again after a transient error (`core.retry`); a rename that failed
+    but happened (the temporary name is gone, the final one there) counts as done.
     """
     try:
         if durable:
             fsync_file(tmp)
-        os.replace(tmp, final)
+        rename_into_place(tmp, final)
         if durable:
             fsync_dir(Path(final).parent)
     except OSError as exc:  # a full disk: named as such, with the file (StorageFull)
@@ -72,19 +84,44 @@ def commit_file(tmp: str | os.PathLike[str], final: str | os.PathLike[str], *,
         raise
 
 
+def rename_into_place(tmp: str | os.PathLike[str], final: str | os.PathLike[str]) -> None:
+    """`os.replace(tmp, final)`, done again after a transient error (`core.retry`); one that
+    failed but happened (`tmp` gone, `final` there: the server did it and lost the reply)
+    counts as done."""
+    PROCESS_RETRY.write("file", final, lambda: _replace(tmp, final))
+
+
+def _replace(tmp: str | os.PathLike[str], final: str | os.PathLike[str]) -> None:
+    try:
+        os.replace(tmp, final)
+    except OSError:
+        if not os.path.lexists(tmp) and os.path.lexists(final):
+            return
+        raise
+
+
 def atomic_write_bytes(path: str | os.PathLike[str], data: bytes, *, durable: bool = True) -> None:
     """Write `data` to `path` so that readers see either the old file or the whole new one.
 
-    Temporary name in the same folder, write, flush, fsync, rename, fsync of the folder.
+    Temporary name in the same folder, write, flush, fsync, rename, fsync of the folder;
+    after a transient error (EIO, ESTALE ... on the create, a write or the rename) the whole
+    write is done again under a fresh temporary name (`core.retry`, counted as its retries).
     """
     path = Path(path)
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise_if_full(exc, path.parent)
+        PROCESS_RETRY.write("file", path, lambda: _write_once(path, data, durable))
+        if durable:
+            fsync_dir(path.parent)
+    except OSError as exc:  # a full disk: named as such, with the file (StorageFull)
+        raise_if_full(exc, path)
         raise
+
+
+def _write_once(path: Path, data: bytes, durable: bool) -> None:
+    """One try of `atomic_write_bytes` without the folder's fsync."""
     # A fresh name opened with O_EXCL (as mkstemp does) but with the usual mode, so that the
     # file respects the umask and a run directory shared with a group stays readable.
+    path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.parent / f"{TEMP_PREFIX}{path.name}.{os.getpid()}.{secrets.token_hex(4)}"
     try:
         with open(tmp, "xb") as f:
@@ -92,12 +129,9 @@ def atomic_write_bytes(path: str | os.PathLike[str], data: bytes, *, durable: bo
             f.flush()
             if durable:
                 os.fsync(f.fileno())
-        os.replace(tmp, path)
-        if durable:
-            fsync_dir(path.parent)
-    except BaseException as exc:
+        _replace(tmp, path)
+    except BaseException:
         Path(tmp).unlink(missing_ok=True)
-        raise_if_full(exc, path)  # a full disk: named as such, with the file (StorageFull)
         raise
 
 
@@ -114,8 +148,8 @@ def atomic_write_json(path: str | os.PathLike[str], obj: object, *, durable: boo
 
 # -> Any: the document's shape is the caller's to know (a heartbeat, a manifest, ...)
 def read_json(path: str | os.PathLike[str]) -> Any:
-    """Read a JSON document written by `atomic_write_json`."""
-    return json.loads(Path(path).read_text(encoding="utf-8"))
+    """Read a JSON document written by `atomic_write_json` (with retries: `core.retry`)."""
+    return json.loads(read_bytes(Path(path), what="JSON file"))
 
 
 def write_jsonl(path: str | os.PathLike[str], rows: Iterable[object], *,
@@ -129,8 +163,16 @@ def write_jsonl(path: str | os.PathLike[str], rows: Iterable[object], *,
 # list[Any]: as read_json, each row's shape is the caller's to know
 def read_jsonl(path: str | os.PathLike[str]) -> list[Any]:
     """The rows of a file written by `write_jsonl`."""
-    return [json.loads(line) for line in Path(path).read_text(encoding="utf-8").splitlines()
-            if line.strip()]
+    text = read_bytes(Path(path), what="JSON lines").decode("utf-8")
+    return [json.loads(line) for line in text.splitlines() if line.strip()]
+
+
+def remove_tree(path: str | os.PathLike[str]) -> None:
+    """Delete a folder and what it holds, as far as it goes: what cannot be deleted now
+    (an I/O error; `shutil.rmtree(ignore_errors=True)` still raises what its `fstat` of
+    the folder meets) stays, for the next cleanup of its owner."""
+    with contextlib.suppress(OSError):
+        shutil.rmtree(path, ignore_errors=True)
 
 
 def weights_folder_name(version: int) -> str:
@@ -284,13 +326,17 @@ class RunDir:
         return self.root / "report.png"
 
     def create(self) -> RunDir:
-        """Create the folders of the layout (idempotent) and record the layout version."""
+        """Create the folders of the layout (idempotent: done again after a transient
+        error) and record the layout version."""
+        PROCESS_RETRY.write("run directory", self.root, self._create)
+        return self
+
+    def _create(self) -> None:
         for folder in (self.buffer, self.weights, self.ckpt, self.state, self.metrics, self.jobs):
             folder.mkdir(parents=True, exist_ok=True)
         marker = self.root / "RUNDIR_VERSION"
         if not marker.exists():
             atomic_write_text(marker, f"{RUNDIR_LAYOUT_VERSION}\n")
-        return self
 
 
 def open_run_dir(path: Path) -> RunDir:

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from rft_hpc.config import ExperimentConfig, load_config
-from rft_hpc.core.rundir import RunDir
+from rft_hpc.core.rundir import RunDir, make_dirs
 from rft_hpc.monitor.metrics import read_metrics
 
 log = logging.getLogger(__name__)
@@ -57,7 +57,7 @@ def carried_scores(config: ExperimentConfig, run: RunDir) -> dict[str, float] | 
     if not rows:
         return None
     target = run.heldout_answers(0)
-    target.parent.mkdir(parents=True, exist_ok=True)
+    make_dirs(target.parent)
     shutil.copyfile(answers, target)
     log.info("held-out scores of the starting weights carried from %s (version %d)",
              previous.root.name, version)

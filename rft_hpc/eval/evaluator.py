@@ -15,12 +15,12 @@ from pathlib import Path
 from typing import Any
 
 from rft_hpc.core.errors import UserError
-from rft_hpc.core.rundir import RunDir, atomic_write_json, read_json
+from rft_hpc.core.rundir import RunDir, atomic_write_json, make_dirs, read_json
 from rft_hpc.engines import build_engine
 from rft_hpc.eval.results import EVAL_RESULT_VERSION, result_path
 from rft_hpc.eval.scoring import heldout_scores
 from rft_hpc.eval.tool_trajectories import plays_tools, tool_task_scores
-from rft_hpc.runtime.common import load_stage, set_threads, write_heartbeat
+from rft_hpc.runtime.common import final_heartbeat, load_stage, set_threads, write_heartbeat
 from rft_hpc.runtime.logs import at_step, setup_logging, step_line
 from rft_hpc.sync.weight_files import load_start_weights, load_weights
 from rft_hpc.tasks.source import build_tasks
@@ -70,7 +70,7 @@ def run_evaluator(stage_dir: Path, index: int) -> dict[str, Any]:
               "taskset": "eval", "metric": "reward", "accuracy": accuracy,
               **{key.removeprefix("eval_"): value for key, value in scores.items()},
               "tasks": len(tasks), "seconds": round(time.monotonic() - t0, 3)}
-    run.eval.mkdir(parents=True, exist_ok=True)
+    make_dirs(run.eval)
     atomic_write_json(out, result)
     at_step(None)
     write_heartbeat(run, role, status="done", step=1, total=1, version=version,
@@ -81,5 +81,6 @@ def run_evaluator(stage_dir: Path, index: int) -> dict[str, Any]:
 
 
 def _final_version(run: RunDir) -> int | None:
-    path = run.heartbeat("trainer")
-    return read_json(path).get("final_version") if path.exists() else None
+    """The last version the (finished) trainer published, from its final heartbeat."""
+    version = final_heartbeat(run, "trainer").get("final_version")
+    return int(version) if isinstance(version, int) else None

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
+from rft_hpc.core.retry import PROCESS_RETRY
 from rft_hpc.core.rundir import RunDir, read_json, weights_folder_name
 
 EVAL_RESULT_VERSION = 1
@@ -17,7 +19,12 @@ def result_path(run: RunDir, version: int) -> Path:
 
 
 def evaluation_results(run: RunDir) -> list[dict[str, Any]]:
-    """Every score the evaluator left in a stage directory, by weights version."""
-    if not run.eval.exists():
+    """Every score the evaluator left in a stage directory, by weights version (one
+    listing of `eval/`, with retries: `core.retry`)."""
+    try:
+        names = PROCESS_RETRY.read("eval folder", run.eval, lambda: os.listdir(run.eval))
+    except FileNotFoundError:
         return []
-    return sorted((read_json(p) for p in run.eval.glob("v*.json")), key=lambda r: r["version"])
+    found = [read_json(run.eval / n) for n in names
+             if n.startswith("v") and n.endswith(".json")]
+    return sorted(found, key=lambda r: r["version"])

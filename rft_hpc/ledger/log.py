@@ -19,7 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from rft_hpc.core.retry import PROCESS_RETRY
+from rft_hpc.core.retry import PROCESS_RETRY, open_append
+from rft_hpc.core.rundir import make_dirs
 from rft_hpc.core.storage import append_whole, cut_torn_tail, raise_if_full
 from rft_hpc.ledger.replay import LEDGER_VERSION, replay
 
@@ -28,16 +29,19 @@ class LedgerWriter:
     """Appends events of one role to `<ledger_dir>/<role>.jsonl`."""
 
     def __init__(self, ledger_dir: Path, role: str, *, durable: bool = True) -> None:
-        ledger_dir.mkdir(parents=True, exist_ok=True)
+        make_dirs(ledger_dir)
         self.path = ledger_dir / f"{role}.jsonl"
         self.durable = durable
-        self._fd = os.open(self.path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o666)
+        self._fd = open_append(self.path, flags=os.O_RDWR | os.O_APPEND | os.O_CREAT,
+                               what="ledger")
         PROCESS_RETRY.read("ledger", self.path, lambda: cut_torn_tail(self._fd))
         if os.fstat(self._fd).st_size == 0:
             self.append("ledger", ledger_version=LEDGER_VERSION, role=role)
 
     def append(self, event: str, **fields: object) -> None:
-        """Append one event (with the time) in one write; fsync it when durable."""
+        """Append one event (with the time) in one write, whole or not at all (a short write
+        is cut off again: `append_whole`); a failed one is not written again: it may have
+        landed, and a doubled line would count twice. Fsync it when durable."""
         line = json.dumps({"event": event, "time": time.time(), **fields},
                           separators=(",", ":")) + "\n"
         append_whole(self._fd, line.encode("utf-8"), self.path)

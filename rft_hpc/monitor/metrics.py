@@ -11,7 +11,9 @@ failure (a full disk) surfaces in `log`, not as a queue that stops draining.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import logging
 import math
 import os
 import time
@@ -19,29 +21,30 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from rft_hpc.core.retry import PROCESS_RETRY
+from rft_hpc.core.retry import PROCESS_COUNTERS, PROCESS_RETRY, open_append
+from rft_hpc.core.rundir import make_dirs
 from rft_hpc.core.storage import append_whole, cut_torn_tail, raise_if_full
+
+log = logging.getLogger(__name__)
 
 
 class MetricsWriter:
     """Appends a role's metrics to `<metrics_dir>/<role>.jsonl` and to TensorBoard."""
 
     def __init__(self, metrics_dir: Path, role: str, *, tensorboard: bool = True) -> None:
-        metrics_dir.mkdir(parents=True, exist_ok=True)
+        make_dirs(metrics_dir)
         self.path = metrics_dir / f"{role}.jsonl"
-        self._fd = os.open(self.path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o666)
+        self._fd = open_append(self.path, flags=os.O_RDWR | os.O_APPEND | os.O_CREAT,
+                               what="metrics")
         PROCESS_RETRY.read("metrics", self.path, lambda: cut_torn_tail(self._fd))
         self._tb = None
+        self.tb_dir = metrics_dir / "tb" / role
         if tensorboard:
             from tensorboard.compat.proto.summary_pb2 import Summary
             from torch.utils.tensorboard.writer import FileWriter
 
-            self.tb_dir = metrics_dir / "tb" / role
-            try:
-                self._tb, self._summary = FileWriter(str(self.tb_dir)), Summary
-            except Exception as exc:
-                raise_if_full(exc, self.tb_dir)
-                raise
+            self._summary, self._tb_writer = Summary, FileWriter
+            self._tb = self._new_events()
 
     def log(self, step: int, values: Mapping[str, Any]) -> None:
         """Record `values` at `step` (non-finite floats are written as null)."""
@@ -54,25 +57,53 @@ class MetricsWriter:
                 scalars.append((key, float(value)))
         if self._tb is not None and scalars:
             entry = self._summary.Value
-            try:
-                self._tb.add_summary(self._summary(value=[entry(tag=k, simple_value=v)
-                                                          for k, v in scalars]), step)
-                self._tb.flush()
-            except Exception as exc:
-                raise_if_full(exc, self.tb_dir)
-                raise
+            self._add_summary(self._summary(value=[entry(tag=k, simple_value=v)
+                                                   for k, v in scalars]), step)
         append_whole(self._fd, (json.dumps(row) + "\n").encode("utf-8"), self.path)
 
+    def _add_summary(self, summary: Any, step: int) -> None:
+        """Add to TensorBoard's events and flush them; a full disk stops the role
+        (`StorageFull`); after another I/O error (its writer thread reopens the file for every
+        flush, and stops at the first failure) go on in a new events file: the events of the
+        failed flush are lost, the JSON lines are not."""
+        try:
+            self._tb.add_summary(summary, step)
+            self._tb.flush()
+            return
+        except Exception as exc:
+            raise_if_full(exc, self.tb_dir)
+            if not isinstance(exc, OSError):
+                raise
+            log.warning("TensorBoard events of %s: %s; going on in a new events file",
+                        self.path.stem, exc)
+        PROCESS_COUNTERS["io_retries"] += 1
+        with contextlib.suppress(OSError):
+            self._tb.close()
+        self._tb = self._new_events()
+        self._tb.add_summary(summary, step)
+
+    def _new_events(self) -> Any:
+        """A TensorBoard writer of a new events file (made again after a transient error:
+        it writes the file's first event at once)."""
+        try:
+            return PROCESS_RETRY.write("TensorBoard events", self.tb_dir,
+                                       lambda: self._tb_writer(str(self.tb_dir)))
+        except Exception as exc:
+            raise_if_full(exc, self.tb_dir)
+            raise
+
     def close(self) -> None:
-        """Close the JSONL file and the TensorBoard events (a failure to write the last
-        events, e.g. on a full disk, is raised after both are closed)."""
+        """Close the JSON lines file and TensorBoard's events (a full disk that kept the last
+        events from being written is raised after both are closed; another error loses
+        those events at worst)."""
         os.close(self._fd)
         if self._tb is not None:
             try:
                 self._tb.close()
             except Exception as exc:
                 raise_if_full(exc, self.tb_dir)
-                raise
+                if not isinstance(exc, OSError):
+                    raise
 
 
 class MetricsTail:
@@ -83,20 +114,27 @@ class MetricsTail:
         self.offset = 0
 
     def new_rows(self) -> list[dict[str, Any]]:
+        """The complete lines added since the last call (read with retries, `core.retry`:
+        `StillUnreadable` when I/O errors outlast them; read again at the next call)."""
+        try:
+            data = PROCESS_RETRY.read("metrics", self.path, self._read_new)
+        except FileNotFoundError:
+            return []
         rows: list[dict[str, Any]] = []
-        if not self.path.exists():
-            return rows
+        for line in data.splitlines(keepends=True):
+            if not line.endswith(b"\n"):
+                break  # a line still being written: read it next time
+            self.offset += len(line)
+            try:
+                rows.append(json.loads(line))
+            except ValueError:
+                continue
+        return rows
+
+    def _read_new(self) -> bytes:
         with self.path.open("rb") as f:
             f.seek(self.offset)
-            for line in f:
-                if not line.endswith(b"\n"):
-                    break  # a line still being written: read it next time
-                self.offset += len(line)
-                try:
-                    rows.append(json.loads(line))
-                except ValueError:
-                    continue
-        return rows
+            return f.read()
 
 
 def read_metrics(path: Path) -> list[dict[str, Any]]:

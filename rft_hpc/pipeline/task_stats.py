@@ -14,7 +14,8 @@ import os
 from collections.abc import Mapping
 from pathlib import Path
 
-from rft_hpc.core.rundir import atomic_write_text
+from rft_hpc.core.retry import open_append
+from rft_hpc.core.rundir import atomic_write_text, make_dirs
 
 
 class TaskStats:
@@ -33,9 +34,9 @@ class TaskStats:
                 if row["step"] < committed_step:
                     kept.append(line)
                     self._add(row["tasks"])
-        path.parent.mkdir(parents=True, exist_ok=True)
+        make_dirs(path.parent)
         atomic_write_text(path, "".join(f"{line}\n" for line in kept), durable=durable)
-        self._file = path.open("a", encoding="utf-8")
+        self._file = os.fdopen(open_append(path, what="task statistics"), "a", encoding="utf-8")
 
     def _add(self, counts: Mapping[str, list[float] | tuple[float, int]]) -> None:
         for task_id, (passed, seen) in counts.items():

@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 
 from rft_hpc.config import ExperimentConfig
-from rft_hpc.core.rundir import RunDir
+from rft_hpc.core.rundir import RunDir, make_dirs
 from rft_hpc.core.storage import close_all
 from rft_hpc.core.watch import FolderWatch
 from rft_hpc.engines.judge import judge_loaders
@@ -89,7 +89,7 @@ class RewardJob:
         self.explorers = served_explorers(index, config.reward_job.count,
                                           config.explorer.count)
         self.folder = job_folder(run.root, index)
-        self.folder.mkdir(parents=True, exist_ok=True)
+        make_dirs(self.folder)
         self.scorers = local_scorers(engine_device(), judge_loaders=judge_loaders())
         """The scorer of each kind of term a request may carry (`model`, `judge`)."""
         self.ledger = LedgerWriter(run.ledger, self.role, durable=False)

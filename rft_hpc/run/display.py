@@ -7,6 +7,7 @@ it is a rich live table; otherwise (CI, logs) a progress line every few seconds.
 
 from __future__ import annotations
 
+import logging
 import time
 from typing import Any
 
@@ -15,9 +16,12 @@ from rich.table import Table
 
 from rft_hpc.config import ExperimentConfig
 from rft_hpc.core.console import console
-from rft_hpc.core.rundir import RunDir, read_json
+from rft_hpc.core.rundir import RunDir
 from rft_hpc.monitor.metrics import MetricsTail
 from rft_hpc.monitor.progress import format_eta, format_rate, format_step, progress
+from rft_hpc.runtime.common import read_heartbeat
+
+log = logging.getLogger(__name__)
 
 PLAIN_INTERVAL_SECONDS = 5.0
 
@@ -66,7 +70,12 @@ class Display:
     def refresh(self) -> None:
         """Read what the roles wrote since the last refresh and redraw."""
         for role, tail in self.tails.items():
-            for row in tail.new_rows():
+            try:
+                rows = tail.new_rows()
+            except OSError as exc:  # unreadable for now: the display catches up next time
+                log.warning("metrics of %s unreadable for now: %s", role, exc)
+                continue
+            for row in rows:
                 if row.get("eval_accuracy") is not None:
                     self.eval = row["eval_accuracy"]
                 self.last[role].update(row)
@@ -77,11 +86,7 @@ class Display:
             console.print(self._line())
 
     def _heartbeat(self, role: str) -> dict[str, Any]:
-        path = self.run.heartbeat(role)
-        try:
-            return read_json(path)
-        except (OSError, ValueError):
-            return {}
+        return read_heartbeat(self.run, role)
 
     def _table(self) -> Table:
         t = Table(title=f"{self.title}  ({time.monotonic() - self.t0:.0f} s)")

@@ -22,6 +22,7 @@ from collections.abc import Mapping, Sequence
 from multiprocessing.connection import Connection
 from pathlib import Path
 
+from rft_hpc.core.retry import open_append
 from rft_hpc.core.storage import StorageFull, advice, exit_status, storage_full
 from rft_hpc.runtime.command import REPORT_MAX_BYTES, report_pipe, report_to_launcher
 
@@ -49,7 +50,7 @@ def _run_command(cmd: list[str], env: dict[str, str], log: str, report: Connecti
     _REPORT.append(report)
     report_pipe(report.fileno())
     try:
-        fd = os.open(log, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        fd = open_append(log, mode=0o644, what="log")
     except OSError as exc:  # a full disk: said on the pipe, as the role itself would
         full = storage_full(exc)
         if full is None:

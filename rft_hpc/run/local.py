@@ -23,6 +23,7 @@ from pathlib import Path
 
 from rft_hpc.config import ExperimentConfig
 from rft_hpc.core.errors import UserError
+from rft_hpc.core.retry import open_append, read_bytes
 from rft_hpc.core.rundir import RunDir, atomic_write_json, read_json
 from rft_hpc.core.storage import full_from_exit, storage_full
 from rft_hpc.eval.results import result_path
@@ -88,7 +89,7 @@ def _popen(cmd: list[str], log: Path, threads: int) -> subprocess.Popen[bytes] |
     if forkable(cmd):  # from the fork server that has imported torch once for every role
         return ForkedProcess(cmd, role_env(threads, shared=True), log)
     env = dict(os.environ, **role_env(threads, shared=True))
-    with log.open("ab") as out:
+    with os.fdopen(open_append(log, mode=0o644, what="log"), "ab") as out:
         # A session of its own: Ctrl-C reaches only the launcher, which asks roles to stop.
         return subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env,
                                 start_new_session=True)
@@ -182,7 +183,8 @@ def _supervise(procs: list[RoleProcess], display: Display) -> None:
                     said = getattr(full[0].proc, "reported", lambda: None)()
                     raise role_stopped_full(full[0].name, full[0].proc.returncode, full[0].log,
                                             said)
-                tail = failed[0].log.read_text(errors="replace").strip().splitlines()[-15:]
+                text = read_bytes(failed[0].log, what="log").decode(errors="replace")
+                tail = text.strip().splitlines()[-15:]
                 raise UserError(f"role {failed[0].name} failed (exit {failed[0].proc.returncode});"
                                 f" its log is {failed[0].log}:\n" + "\n".join(tail))
             if all(p.proc.returncode is not None for p in procs):
@@ -193,6 +195,9 @@ def _supervise(procs: list[RoleProcess], display: Display) -> None:
         display.note("stopping every role at its next safe point ...")
         _stop_all(procs)
         raise Interrupted("run stopped; run the same command again to resume") from None
+    except BaseException:  # the launcher's own failure: no role may be left waiting
+        _stop_all(procs)
+        raise
 
 
 def _interrupt(signum: int, _frame: object) -> None:

@@ -23,14 +23,15 @@ from rft_hpc.config.launch import LaunchConfig
 from rft_hpc.config.schema import REWARD_MODEL_FOLDER
 from rft_hpc.config.workflow import MultiTurnWorkflow
 from rft_hpc.core.errors import UserError
-from rft_hpc.core.rundir import RunDir, atomic_write_json, atomic_write_text, read_json
+from rft_hpc.core.retry import read_bytes
+from rft_hpc.core.rundir import RunDir, atomic_write_json, atomic_write_text, make_dirs, read_json
 from rft_hpc.core.storage import raise_if_full
 from rft_hpc.envs.tool_demos import tool_demonstrations
 from rft_hpc.eval.bench import RESULTS_FILE
 from rft_hpc.eval.scoring import gold_pairs
 from rft_hpc.monitor.metrics import read_metrics
 from rft_hpc.run.model_init import init_model
-from rft_hpc.runtime.common import freeze_config
+from rft_hpc.runtime.common import final_heartbeat, freeze_config, read_heartbeat
 from rft_hpc.tasks.data_check import check_task_sources
 from rft_hpc.tasks.offline_rows import load_offline_examples
 from rft_hpc.tasks.preflight import PREFLIGHT_CHECKS
@@ -69,7 +70,7 @@ def share_run_dir(launch: LaunchConfig, root: Path) -> None:
     if launch.umask is not None:
         os.umask(int(launch.umask, 8))
     try:
-        root.mkdir(parents=True, exist_ok=True)
+        make_dirs(root)
     except OSError as exc:
         raise_if_full(exc, root)  # a full disk: StorageFull, said as every role says it
         raise UserError(f"cannot create the run directory {root}: {exc.strerror}") from None
@@ -150,7 +151,8 @@ def check_same_config(config: ExperimentConfig, run: RunDir) -> bool:
     when it holds none; a `UserError` when it holds another."""
     if not run.config.exists():
         return False
-    if yaml.safe_load(run.config.read_text()) != yaml.safe_load(_config_text(config)):
+    frozen = yaml.safe_load(read_bytes(run.config, what="config"))
+    if frozen != yaml.safe_load(_config_text(config)):
         raise UserError(f"{run.root} already holds a run with a different config; give "
                         "this one another run.name, or run the same config to resume it")
     return True
@@ -228,14 +230,15 @@ def finish_stage(config: ExperimentConfig, run: RunDir, name: str, seconds: floa
 
     Raises `UserError` when the trainer stopped before its last step: the stage must resume.
     """
-    trainer_state = run.heartbeat("trainer")
-    trainer = read_json(trainer_state) if trainer_state.exists() else {}
+    trains = config.mode in ("both", "train")
+    trainer = final_heartbeat(run, "trainer") if trains else read_heartbeat(run, "trainer")
     if config.mode in ("both", "train") and trainer.get("status") != "done":
         raise UserError(f"stage {name}: the trainer stopped before its last step; run the same "
                         "command again to resume")
     rows = read_metrics(run.metrics_file("trainer"))
     evals = [r["eval_accuracy"] for r in rows if r.get("eval_accuracy") is not None]
-    explorer_steps = sum(read_json(p).get("step", 0) for p in run.state.glob("explorer-*.json"))
+    explorer_steps = sum(int(final_heartbeat(run, p.stem).get("step") or 0)
+                         for p in run.state.glob("explorer-*.json"))
     version = trainer.get("final_version")
     result = {"name": name, "mode": config.mode, "seconds": seconds,
               "trainer_steps": trainer.get("step", 0), "explorer_steps": explorer_steps,

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import io
 import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from rft_hpc.config import load_config
-from rft_hpc.core.rundir import RunDir, atomic_write_json
+from rft_hpc.core.rundir import RunDir, atomic_write_bytes, atomic_write_json
 from rft_hpc.eval.results import evaluation_results
 from rft_hpc.eval.scoring import gold_pairs
 from rft_hpc.monitor.metrics import read_metrics
@@ -129,8 +130,10 @@ def write_report(run: RunDir, stages: list[dict[str, Any]]) -> Path:
             ax.legend(loc="best", fontsize="small")
     fig.tight_layout()
     path = run.report
-    fig.savefig(path, dpi=100)
+    image = io.BytesIO()  # written as every shared file is: whole, under a temporary name
+    fig.savefig(image, format="png", dpi=100)
     plt.close(fig)
+    atomic_write_bytes(path, image.getvalue(), durable=False)
     return path
 
 

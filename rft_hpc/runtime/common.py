@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import json
 import logging
 import os
 import signal
@@ -13,7 +15,8 @@ import yaml
 
 from rft_hpc.config import ExperimentConfig, load_config
 from rft_hpc.core.json_types import JSONValue
-from rft_hpc.core.rundir import RunDir, atomic_write_json, atomic_write_text, read_json
+from rft_hpc.core.retry import PROCESS_RETRY, StillUnreadable, read_bytes
+from rft_hpc.core.rundir import RunDir, atomic_write_json, atomic_write_text
 from rft_hpc.core.watch import FolderWatch
 from rft_hpc.runtime.lifecycle import RequeueRequested
 from rft_hpc.runtime.placement import role_threads
@@ -27,8 +30,12 @@ def freeze_config(config: ExperimentConfig, path: Path) -> None:
 
 
 def load_stage(stage_dir: Path) -> tuple[ExperimentConfig, RunDir]:
-    """The frozen config of a stage directory and its paths."""
+    """The frozen config of a stage directory and its paths. The launcher that started
+    this role wrote the config: one this node does not see yet is waited for (`core.retry`,
+    `named`); one that never appears ends as the config loader's "not found"."""
     run = RunDir(stage_dir)
+    with contextlib.suppress(StillUnreadable):
+        PROCESS_RETRY.read("stage config", run.config, run.config.stat, named=True)
     return load_config(run.config), run
 
 
@@ -91,11 +98,22 @@ def write_heartbeat(run: RunDir, role: str, **fields: JSONValue) -> None:
 
 
 def read_heartbeat(run: RunDir, role: str) -> dict[str, JSONValue]:
-    """A role's last heartbeat (`write_heartbeat`'s fields); {} when it has none."""
+    """A role's last heartbeat (`write_heartbeat`'s fields), read with retries
+    (`core.retry`); {} when it has none or it stayed unreadable."""
+    path = run.heartbeat(role)
     try:
-        return read_json(run.heartbeat(role))
+        return json.loads(read_bytes(path, what="heartbeat"))
     except (OSError, ValueError):
         return {}
+
+
+def final_heartbeat(run: RunDir, role: str) -> dict[str, JSONValue]:
+    """The heartbeat of a role whose process has ended: read again while it still says
+    `running` (its last beat, written on another node, may not be visible here yet), up to
+    `RetryPolicy.appear_s`; then as it is (a role that died says `running` for ever)."""
+    return PROCESS_RETRY.read_settled("heartbeat", run.heartbeat(role),
+                                      lambda: read_heartbeat(run, role),
+                                      lambda beat: beat.get("status") != "running")
 
 
 def role_status(run: RunDir, role: str) -> str | None:

@@ -43,7 +43,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from rft_hpc.core.rundir import atomic_write_text
+from rft_hpc.core.rundir import atomic_write_text, make_dirs
 from rft_hpc.sync.fabric import (
     DEFAULT_BUCKET_MB,
     BufferPool,
@@ -178,7 +178,7 @@ class CollectiveSender:
         if receivers < 1:
             raise ValueError(f"need at least one receiver, got {receivers}")
         self.folder = Path(folder)
-        self.folder.mkdir(parents=True, exist_ok=True)
+        make_dirs(self.folder)
         self.receivers = receivers
         self.backend = backend
         self.device = _default_device(backend, device)

@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 from mpi4py import MPI
 
-from rft_hpc.core.rundir import atomic_write_text
+from rft_hpc.core.rundir import atomic_write_text, make_dirs
 from rft_hpc.sync.fabric import DEFAULT_BUCKET_MB, BufferPool, SyncFailed
 from rft_hpc.sync.mpi import MpiReceiver, MpiSender, _Link
 
@@ -38,7 +38,7 @@ class MpiPortSender(MpiSender):
                          checksum=checksum, full_every=full_every)
         self.links = []
         self.folder = Path(folder)
-        self.folder.mkdir(parents=True, exist_ok=True)
+        make_dirs(self.folder)
         for old in [*self.folder.glob("join-*"), *self.folder.glob("go-*")]:
             old.unlink(missing_ok=True)
         self.port = MPI.Open_port()

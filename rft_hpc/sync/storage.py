@@ -26,7 +26,6 @@ import json
 import os
 import re
 import secrets
-import shutil
 import struct
 import tempfile
 import threading
@@ -38,7 +37,7 @@ from pathlib import Path
 import torch
 
 from rft_hpc.core.retry import PROCESS_RETRY, Retrier
-from rft_hpc.core.rundir import TEMP_PREFIX, fsync_dir
+from rft_hpc.core.rundir import TEMP_PREFIX, fsync_dir, remove_tree, rename_into_place
 from rft_hpc.core.storage import raise_if_full
 from rft_hpc.sync.crc import RunningCrc
 
@@ -120,25 +119,32 @@ def save_safetensors(path: Path, tensors: Mapping[str, torch.Tensor], *,
         offset += size
     blob = json.dumps(header, separators=(",", ":")).encode("utf-8")
     blob += b" " * (-len(blob) % _ALIGN)
+    # written whole again after a transient error (`core.retry`): the path is temporary
     try:
-        with open(path, "wb") as f, RunningCrc.for_this_process(1) as crc:
-            for chunk in (struct.pack("<Q", len(blob)), blob):
-                f.write(chunk)
-                crc.add(chunk)
-            for name in names:
-                t = tensors[name].detach().to("cpu").contiguous().reshape(-1)
-                data = memoryview(t.view(torch.uint8).numpy())
-                for start in range(0, len(data), _WRITE_CHUNK):
-                    piece = data[start:start + _WRITE_CHUNK]
-                    crc.add(piece)  # while the same bytes are written
-                    f.write(piece)
-            f.flush()
-            if durable:
-                os.fsync(f.fileno())
-            checksum = crc.value
+        return PROCESS_RETRY.write("weights file", path, lambda: _save_once(
+            path, tensors, names, blob, offset, durable))
     except OSError as exc:
         raise_if_full(exc, path)
         raise
+
+
+def _save_once(path: Path, tensors: Mapping[str, torch.Tensor], names: list[str],
+               blob: bytes, offset: int, durable: bool) -> FileDigest:
+    with open(path, "wb") as f, RunningCrc.for_this_process(1) as crc:
+        for chunk in (struct.pack("<Q", len(blob)), blob):
+            f.write(chunk)
+            crc.add(chunk)
+        for name in names:
+            t = tensors[name].detach().to("cpu").contiguous().reshape(-1)
+            data = memoryview(t.view(torch.uint8).numpy())
+            for start in range(0, len(data), _WRITE_CHUNK):
+                piece = data[start:start + _WRITE_CHUNK]
+                crc.add(piece)  # while the same bytes are written
+                f.write(piece)
+        f.flush()
+        if durable:
+            os.fsync(f.fileno())
+        checksum = crc.value
     return FileDigest(8 + len(blob) + offset, f"{checksum:08x}")
 
 
@@ -212,7 +218,12 @@ def _numel(shape: list[int]) -> int:
 
 
 def make_temp_folder(parent: Path, name: str) -> Path:
-    """Create a fresh folder `parent/.tmp-<name>.<random>` (creating `parent` if needed)."""
+    """Create a fresh folder `parent/.tmp-<name>.<random>` (creating `parent` if needed;
+    under another fresh name after a transient error)."""
+    return PROCESS_RETRY.write("folder", parent, lambda: _make_temp_folder(parent, name))
+
+
+def _make_temp_folder(parent: Path, name: str) -> Path:
     parent.mkdir(parents=True, exist_ok=True)
     # mkdir (not mkdtemp, which makes it 0700): the folder respects the umask, so weights in
     # a run directory shared with a group stay readable by the group.
@@ -229,33 +240,40 @@ def commit_folder(tmp: Path, final: Path) -> None:
     then deleted, so a reader sees the old folder, no folder, or the new one, never a mix.
     """
     fsync_dir(tmp)
-    if final.exists():
+    if PROCESS_RETRY.read("folder", final, final.exists):
         _discard(final)
-    os.rename(tmp, final)
+    rename_into_place(tmp, final)
     fsync_dir(final.parent)
 
 
 def remove_temporaries(parent: Path) -> None:
-    """Delete the `.tmp-` leftovers of writers killed in `parent` (sole-writer folders only)."""
-    if not parent.is_dir():
-        return
-    for entry in parent.iterdir():
-        if entry.name.startswith(TEMP_PREFIX):
-            if entry.is_dir() and not entry.is_symlink():
-                shutil.rmtree(entry, ignore_errors=True)
-            else:
-                entry.unlink(missing_ok=True)
+    """Delete the `.tmp-` leftovers of writers killed in `parent` (sole-writer folders only;
+    what an I/O error keeps is left for the next time)."""
+    for name in _names(parent):
+        if name.startswith(TEMP_PREFIX):
+            try:
+                (parent / name).unlink()
+            except IsADirectoryError:
+                remove_tree(parent / name)
+            except OSError:
+                continue
+
+
+def _names(parent: Path) -> list[str]:
+    """The names in `parent` (one listing, with retries: `core.retry`); [] for none."""
+    try:
+        return PROCESS_RETRY.read("folder", parent, lambda: os.listdir(parent))
+    except (FileNotFoundError, NotADirectoryError):
+        return []
 
 
 def numbered_folders(parent: Path, pattern: re.Pattern[str]) -> dict[int, Path]:
     """The folders of `parent` whose whole name matches `pattern` (one group: the number)."""
-    if not parent.is_dir():
-        return {}
     found = {}
-    for entry in parent.iterdir():
-        m = pattern.fullmatch(entry.name)
+    for name in _names(parent):
+        m = pattern.fullmatch(name)
         if m:
-            found[int(m.group(1))] = entry
+            found[int(m.group(1))] = parent / name
     return found
 
 
@@ -279,14 +297,15 @@ def prune_numbered(parent: Path, pattern: re.Pattern[str], keep: int,
 def _discard(folder: Path, *, later: bool = False) -> None:
     """Rename `folder` to a temporary name (atomic disappearance), then delete it: now, or
     with `later` on the deletion thread."""
-    trash = Path(tempfile.mkdtemp(prefix=f"{TEMP_PREFIX}gone-{folder.name}.", dir=folder.parent))
+    trash = Path(PROCESS_RETRY.write("folder", folder.parent, lambda: tempfile.mkdtemp(
+        prefix=f"{TEMP_PREFIX}gone-{folder.name}.", dir=folder.parent)))
     with contextlib.suppress(FileNotFoundError):  # already gone
-        os.rename(folder, trash / folder.name)
+        rename_into_place(folder, trash / folder.name)
     fsync_dir(folder.parent)
     if later:
         _delete_later(trash)
     else:
-        shutil.rmtree(trash, ignore_errors=True)
+        remove_tree(trash)
 
 
 _deletion_lock = threading.Lock()
@@ -300,7 +319,7 @@ def _delete_later(path: Path) -> None:
         if _deleter is None:  # one thread: deletions run in order, one at a time
             _deleter = ThreadPoolExecutor(1, thread_name_prefix="rft-hpc-delete")
         _deletions[:] = [f for f in _deletions if not f.done()]
-        _deletions.append(_deleter.submit(shutil.rmtree, path, ignore_errors=True))
+        _deletions.append(_deleter.submit(remove_tree, path))
 
 
 def wait_for_deletions() -> None:

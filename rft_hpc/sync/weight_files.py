@@ -21,15 +21,18 @@ after `LATEST` moves on; a reader caught loading one gets `WeightsGone` and retr
 version `LATEST` names now (`load_latest_weights` does that).
 
 Every file (and `LATEST`) is read with retries (`rft_hpc.core.retry`); I/O errors that
-outlast them raise `WeightsUnavailable`, no verdict on the weights. A missing file is not
-retried: a pruned version is gone, not damaged.
+outlast them raise `WeightsUnavailable`, no verdict on the weights. A version's manifest that
+is missing while `LATEST` names that version is one this node does not see yet (the
+publisher's rename, seen late through attribute caches: `LATEST` may be seen first): it is
+waited for (`RetryPolicy.appear_s`), then a clear `WeightsError`. Once `LATEST` names a newer
+version a missing version is gone (pruned), not damaged: `WeightsGone`.
 """
 
 from __future__ import annotations
 
+import errno
 import logging
 import re
-import shutil
 import time
 from collections.abc import Collection, Mapping
 from pathlib import Path
@@ -40,7 +43,13 @@ import torch
 from rft_hpc.config import ExperimentConfig
 from rft_hpc.core.errors import UserError
 from rft_hpc.core.retry import PROCESS_RETRY, StillUnreadable, read_bytes
-from rft_hpc.core.rundir import atomic_write_json, atomic_write_text, read_json, weights_folder_name
+from rft_hpc.core.rundir import (
+    atomic_write_json,
+    atomic_write_text,
+    read_json,
+    remove_tree,
+    weights_folder_name,
+)
 from rft_hpc.models.lora import ADAPTER_CONFIG_FILE, ADAPTER_FILE, is_adapter_state
 from rft_hpc.sync.delta import CODEC, DELTA_FILE, DeltaMismatch, apply_state, describe, encode_state
 from rft_hpc.sync.protocols import WeightSink
@@ -147,7 +156,7 @@ def publish_weights(weights_dir: str | Path, state_dict: Mapping[str, torch.Tens
         atomic_write_json(tmp / MANIFEST_FILE, manifest)
         commit_folder(tmp, final)
     except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
+        remove_tree(tmp)
         raise
     atomic_write_text(weights_dir / LATEST_FILE, f"{version}\n")
     _prune(weights_dir, keep, {version, *keep_also})
@@ -222,14 +231,34 @@ def read_manifest(weights_dir: str | Path, version: int) -> dict[str, Any]:
     return {"kind": KIND_FULL, **_read_manifest(weights_dir, version)}
 
 
-def _read_manifest(weights_dir: str | Path, version: int) -> dict[str, Any]:
+def _read_manifest(weights_dir: str | Path, version: int,
+                   wanted: int | None = None) -> dict[str, Any]:
+    """The manifest of `version`, read for a load of version `wanted` (default: itself):
+    waited for while it is not visible yet and `LATEST` names `wanted` (otherwise it is
+    gone, or was never published: `_missing` says which)."""
     folder = version_dir(weights_dir, version)
     path = folder / MANIFEST_FILE
+    top = version if wanted is None else wanted
+
+    def absent() -> bool:
+        """Nothing to wait for: LATEST moved on, or the folder is seen without the manifest
+        (a folder is committed whole: seeing it means seeing what it holds)."""
+        try:
+            return latest_weights_version(weights_dir) != top or (
+                folder.is_dir() and not path.exists())
+        except (WeightsError, OSError):  # cannot tell now: wait on
+            return False
+
     try:
-        manifest = PROCESS_RETRY.read("weights manifest", path, lambda: read_json(path))
+        manifest = PROCESS_RETRY.read("weights manifest", path, lambda: read_json(path),
+                                      named=True, absent=absent)
     except FileNotFoundError:
         raise _missing(Path(weights_dir), version, folder) from None
     except StillUnreadable as e:
+        if e.errno == errno.ENOENT:
+            raise WeightsError(
+                f"{path} did not appear within {PROCESS_RETRY.policy.appear_s:.0f} s although "
+                f"LATEST names v{top}: the publisher's rename never reached this node") from e
         raise WeightsUnavailable(f"{path}: {e.strerror}") from e
     except (OSError, ValueError) as e:
         raise WeightsError(f"{folder / MANIFEST_FILE}: unreadable manifest ({e})") from e
@@ -286,7 +315,7 @@ def load_weights(weights_dir: str | Path, version: int, buffer: ReadBuffer | Non
         if base >= chain[-1]["version"]:
             raise WeightsError(f"weights v{chain[-1]['version']}: a delta of v{base}, not of an "
                                "earlier version")
-        chain.append(_read_manifest(weights_dir, base))
+        chain.append(_read_manifest(weights_dir, base, version))
     start = chain.pop()
     tensors = _load_whole(weights_dir, start["version"], start, buffer)
     for link in reversed(chain):

@@ -22,7 +22,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Protocol
 
-from rft_hpc.core.rundir import RunDir, read_json
+from rft_hpc.core.rundir import RunDir, make_dirs, read_json
 from rft_hpc.core.watch import FolderWatch
 from rft_hpc.tasks.reward_pool import RewardCall, Scoring
 from rft_hpc.tasks.reward_requests import (
@@ -152,7 +152,7 @@ class RemoteModelScorer:
                  liveness_seconds: float = LIVENESS_SECONDS) -> None:
         self.explorer, self.job = explorer, serving_job(explorer, count)
         self.folder = job_folder(stage, self.job)
-        self.folder.mkdir(parents=True, exist_ok=True)
+        make_dirs(self.folder)
         removed = remove_explorer_files(self.folder, explorer)
         if removed:
             log.info("removed %d reward request/response files of earlier processes", removed)

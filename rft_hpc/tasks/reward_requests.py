@@ -27,7 +27,6 @@ explorer writes each step to the buffer once).
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import uuid
 from collections.abc import Sequence
@@ -36,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from rft_hpc.config.rewards import JudgeSpec, RewardModelSpec
-from rft_hpc.core.rundir import atomic_write_json, is_temporary
+from rft_hpc.core.rundir import atomic_write_json, is_temporary, read_json
 from rft_hpc.tasks.reward_pool import MESSAGE_CHARS, RewardCall, RewardOutcome
 from rft_hpc.tasks.task import Task
 
@@ -133,7 +132,7 @@ def read_request(path: Path) -> Request | None:
     """The request at `path`; None when it is gone (its explorer took its answer or
     restarted). Raises `ValueError` for a file of another protocol version."""
     try:
-        data = json.loads(path.read_text())
+        data = read_json(path)
     except FileNotFoundError:
         return None
     if data.get("version") != PROTOCOL_VERSION:
@@ -167,7 +166,7 @@ def write_response(folder: Path, rid: str, outcomes: Sequence[RewardOutcome]) ->
 def read_response(folder: Path, rid: str) -> list[RewardOutcome] | None:
     """The outcomes of request `rid`, in call order; None while it has no response."""
     try:
-        data = json.loads((folder / f"{rid}{RESPONSE}").read_text())
+        data = read_json(folder / f"{rid}{RESPONSE}")
     except FileNotFoundError:
         return None
     if data.get("version") != PROTOCOL_VERSION:

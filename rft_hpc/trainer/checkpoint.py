@@ -27,22 +27,23 @@ from __future__ import annotations
 import os
 import random
 import re
-import shutil
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import torch
 from torch.optim.lr_scheduler import LRScheduler
 
 from rft_hpc.core.errors import UserError
+from rft_hpc.core.retry import PROCESS_RETRY, read_bytes
 from rft_hpc.core.rundir import (
     atomic_write_json,
     atomic_write_text,
     read_json,
+    remove_tree,
     trainer_step_folder_name,
 )
 from rft_hpc.core.storage import raise_if_full
@@ -56,6 +57,8 @@ from rft_hpc.sync.storage import (
     remove_temporaries,
     save_safetensors,
 )
+
+T = TypeVar("T")
 
 STATE_FORMAT = "rft-hpc-trainer-state"
 STATE_FORMAT_VERSION = 1
@@ -119,7 +122,7 @@ def save_trainer_state(ckpt_dir: str | Path, step: int, *, model: torch.nn.Modul
             "model": digest.as_json()})
         commit_folder(tmp, final)
     except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
+        remove_tree(tmp)
         raise
     atomic_write_text(ckpt_dir / "LATEST", f"trainer/{final.name}\n")
     prune_numbered(parent, _STEP_FOLDER, keep, protect={step})
@@ -144,14 +147,14 @@ def load_trainer_state(ckpt_dir: str | Path, model: torch.nn.Module,
     """
     pointer = Path(ckpt_dir) / "LATEST"
     try:
-        target = pointer.read_text(encoding="utf-8").strip()
+        target = read_bytes(pointer, what="checkpoint pointer").decode(errors="replace").strip()
     except FileNotFoundError:
         return None
     if not _POINTER.fullmatch(target):
         raise CheckpointError(f"{pointer} holds {target[:60]!r}, not trainer/step-<N>")
     folder = Path(ckpt_dir) / target
     try:
-        state = read_json(folder / "state.json")
+        state = _read_named(folder / "state.json", read_json)
     except (OSError, ValueError) as e:
         raise CheckpointError(f"checkpoint {folder} is missing or incomplete: {e}") from e
     if state.get("format") != STATE_FORMAT or state.get("format_version", 0) > STATE_FORMAT_VERSION:
@@ -177,28 +180,40 @@ def load_trainer_state(ckpt_dir: str | Path, model: torch.nn.Module,
         raise CheckpointError(f"{folder}/model.safetensors is corrupt: got {digest}, "
                               f"state.json says {expected}")
     model.load_state_dict(tensors)
-    optimizer.load_state_dict(_torch_load(folder / "optimizer.pt"))
+    optimizer.load_state_dict(_read_named(folder / "optimizer.pt", _torch_load))
     if scheduler is not None:
-        scheduler.load_state_dict(_torch_load(folder / "scheduler.pt"))
+        scheduler.load_state_dict(_read_named(folder / "scheduler.pt", _torch_load))
     for name, part in (modules or {}).items():
-        part.load_state_dict(_torch_load(folder / f"{name}.pt"))
-    _set_rng_state(read_json(folder / "rng.json"))
-    return TrainerState(step=state["step"], cursor=read_json(folder / "cursor.json"),
+        part.load_state_dict(_read_named(folder / f"{name}.pt", _torch_load))
+    _set_rng_state(_read_named(folder / "rng.json", read_json))
+    return TrainerState(step=state["step"], cursor=_read_named(folder / "cursor.json", read_json),
                         extra=state["extra"], config_hash=state["config_hash"], path=folder,
                         ranks=state.get("ranks", {}))
 
 
 def _torch_save(obj: object, path: Path) -> None:
-    # Through a Python file, not a path: torch's own writer reports a full disk as a bare
-    # "file write failed"; a Python file raises the OSError with its errno (StorageFull).
+    """`torch.save` to a temporary path, durably, done whole again after a transient error.
+
+    Through a Python file, not a path: torch's own writer reports a full disk as a bare
+    "file write failed"; a Python file raises the OSError with its errno (StorageFull)."""
     try:
-        with open(path, "wb") as f:
-            torch.save(obj, f)
-            f.flush()
-            os.fsync(f.fileno())
+        PROCESS_RETRY.write("checkpoint file", path, lambda: _torch_save_once(obj, path))
     except Exception as exc:
         raise_if_full(exc, path)
         raise
+
+
+def _torch_save_once(obj: object, path: Path) -> None:
+    with open(path, "wb") as f:
+        torch.save(obj, f)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def _read_named(path: Path, read: Callable[[Path], T]) -> T:
+    """`read(path)` of a file of the checkpoint `LATEST` names, with retries: waited for
+    while it is not visible on this node yet (`core.retry`, `named`)."""
+    return PROCESS_RETRY.read("checkpoint file", path, lambda: read(path), named=True)
 
 
 def _torch_load(path: Path) -> Any:

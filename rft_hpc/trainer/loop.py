@@ -20,6 +20,7 @@ from rft_hpc.buffer.compact import Compactor
 from rft_hpc.buffer.reader import Batch, BufferReader
 from rft_hpc.config import ExperimentConfig
 from rft_hpc.core.json_types import JSONValue
+from rft_hpc.core.retry import PROCESS_COUNTERS, PROCESS_RETRY
 from rft_hpc.core.rundir import RunDir
 from rft_hpc.core.storage import close_all, storage_full
 from rft_hpc.eval.carry import carried_scores
@@ -39,17 +40,20 @@ from rft_hpc.trainer.protocols import StageTrainer
 log = logging.getLogger(__name__)
 
 
-def explorers_done(run: RunDir, config: ExperimentConfig, dropped: int) -> bool:
-    """Whether every explorer has written its last step: none is running, and none that
-    waits to replace stale records (`replaces_stale_drops`) owes steps for the `dropped`
-    records the trainer has dropped so far."""
+def explorers_done(run: RunDir, config: ExperimentConfig, dropped: int) -> dict[str, int] | None:
+    """The steps each explorer wrote (by writer name) once every explorer has written its
+    last step: none is running, and none that waits to replace stale records
+    (`replaces_stale_drops`) owes steps for the `dropped` records the trainer has dropped
+    so far; None while not."""
     owed = config.explorer.total_steps(config.trainer, dropped)
+    steps = {}
     for i in range(config.explorer.count):
         beat = read_heartbeat(run, f"explorer-{i}")
         if beat.get("status") != "done" or (
                 beat.get("replacing_drops") and beat.get("step", 0) < owed):
-            return False
-    return True
+            return None
+        steps[f"explorer-{i}"] = int(beat.get("step") or 0)
+    return steps
 
 
 def next_batch(reader: BufferReader, n: int, version: int, *, config: ExperimentConfig,
@@ -60,6 +64,7 @@ def next_batch(reader: BufferReader, n: int, version: int, *, config: Experiment
     `idle` is called before each wait for more data (rank 0 keeps the other ranks posted).
     """
     batch = Batch()
+    unseen_since: float | None = None  # explorers done, their last segments not seen yet
     while len(batch) < n:
         reader.poll()
         part = reader.take(n - len(batch), policy_version=version)
@@ -68,8 +73,16 @@ def next_batch(reader: BufferReader, n: int, version: int, *, config: Experiment
         batch.dropped_stale += part.dropped_stale
         if len(batch) >= n:
             break
-        finished = config.mode == "train" or explorers_done(
+        done = None if config.mode == "train" else explorers_done(
             run, config, reader.counters["dropped_stale"])
+        finished = config.mode == "train" or done is not None
+        if done and not all(reader.reached(w, step) for w, step in done.items()):
+            # their last segments may reach this node after their final heartbeats
+            unseen_since = unseen_since or time.monotonic()
+            finished = time.monotonic() - unseen_since > PROCESS_RETRY.policy.appear_s
+            if finished:
+                log.warning("the explorers' last segments did not appear within %.0f s: "
+                            "ending without them", PROCESS_RETRY.policy.appear_s)
         if finished and reader.poll() == 0 and reader.pending == 0:
             return batch if len(batch) else None
         if idle is not None:
@@ -216,7 +229,7 @@ class TrainerLoop:
         self.clock.observe_step(time.monotonic() - t1)
         values.update(seconds=time.monotonic() - t0, wait_seconds=t1 - t0,
                       backlog=self.reader.pending, weights_gathered=self.weights_gathered,
-                      **self.reader.io_metrics())
+                      **self.reader.io_metrics(PROCESS_COUNTERS))  # and weights, ckpt ...
         self.ledger.append("step", step=self.step, consumed=compact_refs(batch.refs),
                            published=published, dropped_stale=batch.dropped_stale,
                            seconds=round(time.monotonic() - t0, 4))

@@ -80,7 +80,7 @@ def test_one_eio_and_one_estale_on_segment_reads_lose_nothing(buffer_dir: Path, 
     assert quarantined(buffer_dir) == [] and reader.skipped == []
     assert reader.counters["corrupt_segments"] == 0
     assert reader.io_metrics() == {"io_retries": 2, "io_recovered": 2, "io_gave_up": 0,
-                                   "reads_deferred": 0}
+                                   "io_late": 0, "reads_deferred": 0}
 
 
 def test_an_error_that_outlasts_the_retries_leaves_the_segment_for_a_later_poll(

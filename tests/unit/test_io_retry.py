@@ -64,7 +64,8 @@ def test_transient_errors_are_retried_with_growing_waits_and_counted(
     got = ReadRetry(counters, sleep=waits.append).read("segment", data, read)
     assert got == b"payload" and read.calls == 3
     assert waits == RetryPolicy().delays()[:2]
-    assert io_metrics(counters) == {"io_retries": 2, "io_recovered": 1, "io_gave_up": 0}
+    assert io_metrics(counters) == {"io_retries": 2, "io_recovered": 1, "io_gave_up": 0,
+                                    "io_late": 0}
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert len(warnings) == 1  # one warning per read, naming the path and the errno
     assert str(data) in warnings[0] and errno.errorcode[code] in warnings[0]
@@ -82,7 +83,8 @@ def test_errors_that_outlast_the_tries_end_in_still_unreadable_within_the_bound(
     assert read.calls == 3
     assert 0.15 <= elapsed < 1.0, elapsed  # 0.05 + 0.1 s of waits, real sleeps
     assert caught.value.errno == errno.ESTALE and caught.value.filename == str(data)
-    assert io_metrics(counters) == {"io_retries": 2, "io_recovered": 0, "io_gave_up": 1}
+    assert io_metrics(counters) == {"io_retries": 2, "io_recovered": 0, "io_gave_up": 1,
+                                    "io_late": 0}
 
 
 def test_errors_that_are_not_transient_are_raised_at_once(data: Path) -> None:
@@ -139,3 +141,112 @@ def test_a_nested_give_up_is_not_retried_again(data: Path) -> None:
     with pytest.raises(StillUnreadable):
         ReadRetry(sleep=lambda s: pytest.fail("slept")).read("archive", data, read)
     assert read.calls == 1
+
+
+def test_a_named_file_not_visible_yet_is_waited_for_and_counted_late(data: Path) -> None:
+    waits: list[float] = []
+    counters: Counter[str] = Counter()
+    missing = [FileNotFoundError(errno.ENOENT, "no such file", str(data)) for _ in range(6)]
+    read = Failing(data, *missing)
+    got = ReadRetry(counters, sleep=waits.append).read("manifest", data, read, named=True)
+    assert got == b"payload" and read.calls == 7  # more waits than the tries of an error
+    assert waits == RetryPolicy().appear_delays()[:6]
+    assert io_metrics(counters) == {"io_retries": 6, "io_recovered": 1, "io_gave_up": 0,
+                                    "io_late": 1}
+
+
+def test_the_wait_for_a_named_file_is_bounded_by_appear_s() -> None:
+    policy = RetryPolicy(appear_s=60.0)
+    waits = policy.appear_delays()
+    assert sum(waits) == pytest.approx(60.0) and max(waits) == policy.max_delay_s
+    assert waits[:3] == policy.delays()[:3]  # the same growth, then steady
+    counters: Counter[str] = Counter()
+    never = Failing(Path("/nonexistent"), *(FileNotFoundError(errno.ENOENT, "x")
+                                            for _ in range(len(waits) + 1)))
+    with pytest.raises(StillUnreadable) as caught:
+        ReadRetry(counters, policy, sleep=lambda s: None).read("x", "/n", never, named=True)
+    assert caught.value.errno == errno.ENOENT and never.calls == len(waits) + 1
+    assert counters["io_gave_up"] == 1
+
+
+def test_a_named_file_that_is_gone_ends_the_wait_at_once(data: Path) -> None:
+    counters: Counter[str] = Counter()
+    read = Failing(data, *(FileNotFoundError(errno.ENOENT, "x") for _ in range(9)))
+    looks = iter([False, False, True])
+    with pytest.raises(FileNotFoundError):
+        ReadRetry(counters, sleep=lambda s: None).read("x", data, read, named=True,
+                                                       absent=lambda: next(looks))
+    assert read.calls == 3 and counters["io_retries"] == 2
+
+
+def test_errors_and_waits_have_their_own_budgets(data: Path) -> None:
+    """EIO while waiting for a file to appear uses the tries of an error, not the wait."""
+    counters: Counter[str] = Counter()
+    read = Failing(data, FileNotFoundError(errno.ENOENT, "x"), oserror(errno.EIO, data),
+                   FileNotFoundError(errno.ENOENT, "x"), oserror(errno.EIO, data),
+                   oserror(errno.EIO, data))
+    policy = RetryPolicy(tries=4)
+    assert ReadRetry(counters, policy, sleep=lambda s: None).read(
+        "x", data, read, named=True) == b"payload"
+    assert counters["io_retries"] == 5 and counters["io_late"] == 1
+
+
+def test_writes_are_done_again_after_transient_errors_and_counted(data: Path) -> None:
+    counters: Counter[str] = Counter()
+    done: list[int] = []
+
+    def write() -> int:
+        done.append(len(done))
+        if len(done) < 3:
+            raise oserror(errno.EIO, data)
+        return len(done)
+
+    assert ReadRetry(counters, sleep=lambda s: None).write("state", data, write) == 3
+    assert io_metrics(counters)["io_retries"] == 2 and counters["io_recovered"] == 1
+
+
+@pytest.mark.parametrize("error", [OSError(errno.ENOSPC, "full"), ValueError("bug")])
+def test_writes_that_fail_for_good_are_not_done_again(data: Path, error: Exception) -> None:
+    calls: list[int] = []
+
+    def write() -> None:
+        calls.append(1)
+        raise error
+
+    with pytest.raises(type(error)):
+        ReadRetry(Counter(), sleep=lambda s: None).write("state", data, write)
+    assert calls == [1]
+
+
+def test_a_file_is_read_again_until_it_settles(data: Path) -> None:
+    counters: Counter[str] = Counter()
+    values = iter(["running", "running", "done"])
+    got = ReadRetry(counters, sleep=lambda s: None).read_settled(
+        "heartbeat", data, lambda: next(values), lambda v: v == "done")
+    assert got == "done" and counters["io_retries"] == 2 and counters["io_late"] == 1
+
+
+def test_a_file_that_never_settles_gives_its_last_value_after_appear_s(data: Path) -> None:
+    waits: list[float] = []
+    policy = RetryPolicy(appear_s=5.0)
+    got = ReadRetry(Counter(), policy, sleep=waits.append).read_settled(
+        "heartbeat", data, lambda: "running", lambda v: v == "done")
+    assert got == "running" and sum(waits) == pytest.approx(5.0)
+
+
+def test_an_errno_quoted_by_torch_is_found() -> None:
+    exc = RuntimeError("[enforce fail at inline_container.cc:747] . open file failed with "
+                       "strerror: Input/output error")
+    assert io_errno(exc) == errno.EIO
+    assert io_errno(RuntimeError("strerror: Permission denied")) is None  # no passing fault
+
+
+def test_a_write_failing_without_an_errno_is_done_again_unless_it_repeats(data: Path) -> None:
+    hdf5 = OSError("Unable to synchronously create file (can't retrieve stat info for file)")
+    failing = Failing(data, hdf5)
+    assert ReadRetry(Counter(), sleep=lambda s: None).write("segment", data, failing) \
+        == b"payload"
+    again = Failing(data, *(OSError("the same") for _ in range(3)))
+    with pytest.raises(OSError, match="the same"):
+        ReadRetry(Counter(), sleep=lambda s: None).write("segment", data, again)
+    assert again.calls == 2
