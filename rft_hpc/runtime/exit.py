@@ -20,12 +20,13 @@ from typing import NoReturn
 
 
 def leave_process(code: int = 0) -> NoReturn:
-    """End this process with `code` as a normal exit would (other non-daemon threads joined,
-    `atexit` functions run, logs and standard streams flushed), but skip the interpreter's
-    and the C++ runtime's teardown."""
-    for thread in threading.enumerate():
-        if thread is not threading.current_thread() and not thread.daemon:
-            thread.join()
+    """End this process with `code` as a normal exit would (thread exit hooks run, other
+    non-daemon threads joined, `atexit` functions run, logs and standard streams flushed),
+    but skip the interpreter's and the C++ runtime's teardown. Call it from the main thread."""
+    # What the interpreter does first at exit: its own exit hooks (which stop idle
+    # ThreadPoolExecutor workers; joining those first would wait forever), then joins the
+    # other non-daemon threads.
+    threading._shutdown()  # type: ignore[attr-defined]
     atexit._run_exitfuncs()
     logging.shutdown()
     for stream in (sys.stdout, sys.stderr):
