@@ -34,7 +34,7 @@ def ensure_buffer_dir(path: Path) -> Path:
     if path.exists() and not path.is_dir():
         raise UserError(f"{path} is a file, not a buffer folder")
     make_dirs(path)
-    if not (path / FORMAT_FILE).exists():
+    if not PROCESS_RETRY.read("buffer marker", path, (path / FORMAT_FILE).exists):
         atomic_write_json(path / FORMAT_FILE,
                           {"format": FORMAT_NAME, "schema_version": SCHEMA_VERSION})
     return path
