@@ -191,8 +191,13 @@ def load_trainer_state(ckpt_dir: str | Path, model: torch.nn.Module,
 
 
 def _torch_save(obj: object, path: Path) -> None:
-    """`torch.save` to a temporary path, done whole again after a transient error."""
-    PROCESS_RETRY.write("checkpoint file", path, lambda: torch.save(obj, path))
+    """`torch.save` to a temporary path, done whole again after a transient error (into a
+    file opened here: torch's own opening turns a failed `stat` of the folder into a
+    RuntimeError without its errno)."""
+    def save() -> None:
+        with open(path, "wb") as f:
+            torch.save(obj, f)
+    PROCESS_RETRY.write("checkpoint file", path, save)
     fsync_file(path)
 
 
