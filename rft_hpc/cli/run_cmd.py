@@ -80,8 +80,8 @@ role_app = typer.Typer(help="Role entry points (started by `run` and by Slurm jo
 
 
 @role_app.command("explorer")
-def role_explorer(
-    stage: Path = typer.Argument(..., help="Stage directory.", readable=False),  # read by the role, with retries
+def role_explorer(  # stage: not checked here, the role reads it with retries
+    stage: Path = typer.Argument(..., help="Stage directory.", readable=False),
     index: int = typer.Option(0, "--index", help="Explorer index (Slurm array task id)."),
 ) -> None:
     """Run explorer INDEX of a stage directory."""
