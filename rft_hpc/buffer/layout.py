@@ -30,14 +30,19 @@ QUARANTINE = "quarantine"
 
 
 def ensure_buffer_dir(path: Path) -> Path:
-    """Create the buffer folder and its FORMAT marker if needed; return the path."""
+    """Create the buffer folder and its FORMAT marker if needed (done again after a
+    transient error: `core.retry`); return the path."""
+    PROCESS_RETRY.write("buffer folder", path, lambda: _ensure_buffer_dir(path))
+    return path
+
+
+def _ensure_buffer_dir(path: Path) -> None:
     if path.exists() and not path.is_dir():
         raise UserError(f"{path} is a file, not a buffer folder")
     make_dirs(path)
     if not (path / FORMAT_FILE).exists():
         atomic_write_json(path / FORMAT_FILE,
                           {"format": FORMAT_NAME, "schema_version": SCHEMA_VERSION})
-    return path
 
 
 def open_buffer_dir(path: Path) -> Path:

@@ -80,8 +80,8 @@ role_app = typer.Typer(help="Role entry points (started by `run` and by Slurm jo
 
 
 @role_app.command("explorer")
-def role_explorer(
-    stage: Path = typer.Argument(..., help="Stage directory."),
+def role_explorer(  # stage: not checked here, the role reads it with retries
+    stage: Path = typer.Argument(..., help="Stage directory.", readable=False),
     index: int = typer.Option(0, "--index", help="Explorer index (Slurm array task id)."),
 ) -> None:
     """Run explorer INDEX of a stage directory."""
@@ -96,7 +96,7 @@ def role_explorer(
 
 @role_app.command("reward")
 def role_reward(
-    stage: Path = typer.Argument(..., help="Stage directory."),
+    stage: Path = typer.Argument(..., help="Stage directory.", readable=False),
     index: int = typer.Option(0, "--index", help="Reward job index (Slurm array task id)."),
 ) -> None:
     """Run reward job INDEX of a stage directory (docs/reward-job.md)."""
@@ -110,7 +110,8 @@ def role_reward(
 
 
 @role_app.command("trainer")
-def role_trainer(stage: Path = typer.Argument(..., help="Stage directory.")) -> None:
+def role_trainer(stage: Path = typer.Argument(..., help="Stage directory.",
+                                              readable=False)) -> None:
     """Run the trainer of a stage directory."""
     from rft_hpc.runtime.exit import leave_process
     from rft_hpc.trainer.role import run_trainer
@@ -125,7 +126,7 @@ def role_trainer(stage: Path = typer.Argument(..., help="Stage directory.")) -> 
 
 @role_app.command("evaluator")
 def role_evaluator(
-    stage: Path = typer.Argument(..., help="Stage directory."),
+    stage: Path = typer.Argument(..., help="Stage directory.", readable=False),
     index: int = typer.Option(0, "--index", help="Evaluator task (Slurm array task id)."),
 ) -> None:
     """Score weights version INDEX of a finished stage (see eval.every)."""

@@ -59,12 +59,12 @@ def load_config(
 
 
 def _read(path: Path) -> str:
-    if not path.exists():
-        raise ConfigError([Problem(path, f"config file not found{_looked_in(path)}")])
-    if path.is_dir():
-        raise ConfigError([Problem(path, "is a folder, not a config file")])
-    try:
+    try:  # checks and read in one, with retries (`core.retry`)
         return read_bytes(path, what="config").decode("utf-8")
+    except FileNotFoundError:
+        raise ConfigError([Problem(path, f"config file not found{_looked_in(path)}")]) from None
+    except IsADirectoryError:
+        raise ConfigError([Problem(path, "is a folder, not a config file")]) from None
     except UnicodeDecodeError as exc:
         raise ConfigError(
             [Problem(path, f"not UTF-8 text ({exc.reason} at byte {exc.start})")]

@@ -56,8 +56,10 @@ TRANSIENT_ERRNOS = frozenset({errno.EIO, errno.ESTALE, errno.EAGAIN, errno.EINTR
 
 # How HDF5 (through h5py) reports the system call's failure inside its own message.
 _ERRNO_IN_TEXT = re.compile(r"errno = (\d+)")
-# How others (torch's file writer: "open file failed with strerror: ...") quote it.
-_TRANSIENT_TEXTS = [(c, f"strerror: {os.strerror(c)}") for c in sorted(TRANSIENT_ERRNOS)]
+# How others (torch's file writer: "open file failed with strerror: ...") quote it, and
+# HDF5's report of a failed stat(2) that leaves its errno out (an I/O error, not content).
+_TRANSIENT_TEXTS = [(c, f"strerror: {os.strerror(c)}") for c in sorted(TRANSIENT_ERRNOS)] + [
+    (errno.EIO, "can't retrieve stat info for file")]
 
 PROCESS_COUNTERS: Counter[str] = Counter()
 """Retries of the reads and writes that name no counter of their own (weights, ledgers,

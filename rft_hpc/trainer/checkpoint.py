@@ -195,7 +195,8 @@ def _torch_save(obj: object, path: Path) -> None:
     """`torch.save` to a temporary path, durably, done whole again after a transient error.
 
     Through a Python file, not a path: torch's own writer reports a full disk as a bare
-    "file write failed"; a Python file raises the OSError with its errno (StorageFull)."""
+    "file write failed" and a failed `stat` of the folder as a RuntimeError without its
+    errno; a Python file raises the OSError with its errno (StorageFull, or retried)."""
     try:
         PROCESS_RETRY.write("checkpoint file", path, lambda: _torch_save_once(obj, path))
     except Exception as exc:

@@ -250,3 +250,8 @@ def test_a_write_failing_without_an_errno_is_done_again_unless_it_repeats(data: 
     with pytest.raises(OSError, match="the same"):
         ReadRetry(Counter(), sleep=lambda s: None).write("segment", data, again)
     assert again.calls == 2
+
+
+def test_hdf5_failing_to_stat_a_file_is_an_io_error_not_proof() -> None:
+    exc = OSError("Unable to synchronously open file (can't retrieve stat info for file)")
+    assert io_errno(exc) == errno.EIO
