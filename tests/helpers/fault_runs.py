@@ -31,17 +31,21 @@ def h5py_rows(buffer: Path) -> int:
     (docs/buffer-format.md), not with rft-hpc's reader."""
     rows = 0
     for path in sorted(buffer.glob("explorer-*/*.h5")):
+        if path.name.startswith(".tmp-"):  # not committed: never read
+            continue
         with h5py.File(path, "r") as f:
             rows += int(f.attrs["num_records"])
     return rows
 
 
 def trained_samples(stage: Path) -> int:
-    """Samples the trainer trained on: its steps (metrics rows with a loss) times the stage's
-    batch size, less the records it dropped as stale."""
-    rows = [r for r in read_metrics(stage / "metrics" / "trainer.jsonl") if "loss" in r]
+    """Samples in the trained weights: the trainer's steps (metrics rows with a loss; a step
+    redone after a restart from an earlier checkpoint counts once, as its last row) times the
+    stage's batch size, less the records dropped as stale."""
+    steps = {r["step"]: r for r in read_metrics(stage / "metrics" / "trainer.jsonl")
+             if "loss" in r}
     batch = yaml.safe_load((stage / "config.yaml").read_text())["trainer"]["batch_size"]
-    return len(rows) * int(batch) - sum(int(r.get("stale_dropped", 0)) for r in rows)
+    return sum(int(batch) - int(r.get("stale_dropped", 0)) for r in steps.values())
 
 
 def assert_nothing_lost(fs: FaultMount) -> dict:

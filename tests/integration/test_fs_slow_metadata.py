@@ -20,6 +20,7 @@ CALLS_PER_STEP = 200
 trainer steps: trainer 122, explorers 72; the shrunk run's start-up adds a share per step)."""
 
 
+@pytest.mark.long
 @pytest.mark.timeout(600)
 def test_the_demo_finishes_on_slow_metadata_without_polls_running_away(tmp_path, tiny_model):
     with FaultMount(tmp_path / "fs", {"faults": [], "metadata_delay": 0.02}) as fs:

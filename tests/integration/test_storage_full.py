@@ -9,10 +9,9 @@ from __future__ import annotations
 
 import errno
 import json
-from pathlib import Path
 
-import h5py
 import pytest
+from helpers.fault_runs import assert_nothing_lost, demo_on, h5py_rows
 from helpers.faultfs import FaultMount
 from helpers.paths import DEMO
 from helpers.ranks import finish, sft_stage, start_ranks, trainer_command
@@ -30,29 +29,15 @@ process's calls in one sequence): about halfway, whichever process makes it."""
 RECORDS = 2 * 6 * 2 * 8  # explorers x steps x tasks x repeat
 
 
-def buffer_records(stage: Path) -> int:
-    """Records in the committed segment and archive files of a stage's buffer, read with
-    plain h5py (temporary files are not committed: never opened)."""
-    files = [p for p in (stage / "buffer").glob("explorer-*/*.h5")
-             if not p.name.startswith(".tmp-")]
-    total = 0
-    for path in files:
-        with h5py.File(path, "r") as f:
-            total += int(f.attrs["num_records"])
-    return total
-
-
 @pytest.mark.timeout(600)
-@pytest.mark.parametrize("code", ["ENOSPC", "EDQUOT"])
+@pytest.mark.parametrize("code", ["ENOSPC", pytest.param("EDQUOT", marks=pytest.mark.long)])
 def test_a_full_disk_stops_the_run_with_one_message_and_the_same_command_finishes_it(
         tmp_path, tiny_model, code):
     fault = {"ops": OPS[code], "errno": code, "rate": RATE, "sticky": True}
     with FaultMount(tmp_path / "fs", {"seed": SEED, "faults": [fault]}) as fs:
         run_dir = fs.path / "demo"
         stage = run_dir / "stages" / "0-main"
-        command = ("run", DEMO, *short(fs.path, tiny_model, "--set", "stages=[]",
-                                       "--set", "eval.interval=0"))
-        first = rft(*command, timeout=600)
+        first = demo_on(fs, tiny_model)
         said = first.stdout + first.stderr
         assert first.returncode == getattr(errno, code), said[-3000:]
         assert "Traceback" not in said, said[-3000:]
@@ -63,21 +48,15 @@ def test_a_full_disk_stops_the_run_with_one_message_and_the_same_command_finishe
         assert "then run the same command again; nothing committed is lost" in errors[0]
         hits = fs.fired()
         assert hits and {h["errno"] for h in hits} == {code}, hits
-        assert 0 < buffer_records(stage) < RECORDS  # struck in the middle of the run
+        assert 0 < h5py_rows(stage / "buffer") < RECORDS  # struck in the middle of the run
 
         fs.update(faults=[])  # space is back
-        again = rft(*command, timeout=600)
+        again = demo_on(fs, tiny_model)  # the same command
         assert again.returncode == 0, (again.stdout + again.stderr)[-3000:]
         assert "Traceback" not in again.stdout + again.stderr
 
-        written = buffer_records(stage)
-        assert written == RECORDS
         assert not [p for p in stage.rglob(".tmp-*")]  # nothing half-written is left
-        report = rft("audit", run_dir, "--json", timeout=300)
-        assert report.returncode == 0, report.stdout[-3000:]
-        records = json.loads(report.stdout)["stages"][0]["records"]
-        assert records["consumed"] == records["in_buffer"] == written, records
-        assert records["lost"] == 0 and records["unconsumed"] == 0, records
+    assert assert_nothing_lost(fs)["in_buffer"] == RECORDS
 
 
 def test_a_run_that_starts_on_a_full_disk_says_so_at_once(tmp_path, tiny_model):
@@ -113,6 +92,7 @@ def test_a_full_disk_at_rank_0s_checkpoint_stops_every_trainer_rank(tmp_path, ti
     assert not any("Traceback" in err for _, err in results)
 
 
+@pytest.mark.long
 @pytest.mark.timeout(600)
 def test_a_reward_job_on_a_full_disk_stops_the_run_and_its_next_process_answers(
         tmp_path, tiny_model):
@@ -138,4 +118,4 @@ def test_a_reward_job_on_a_full_disk_stops_the_run_and_its_next_process_answers(
         report = rft("audit", fs.path / "runs" / "rj", "--json", timeout=300)
         assert report.returncode == 0, report.stdout[-3000:]
         records = json.loads(report.stdout)["stages"][0]["records"]
-        assert records["consumed"] == records["in_buffer"] == buffer_records(stage) == 16
+        assert records["consumed"] == records["in_buffer"] == h5py_rows(stage / "buffer") == 16
