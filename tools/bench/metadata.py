@@ -14,8 +14,9 @@ NFS client's does). Printed per run: the stage's completions/s (rollouts trained
 of the stage) and its ratio to the undelayed run; per role: metadata calls per step (a
 trainer step, an explorer step; the launcher per trainer step) in both runs and their ratio.
 A loop whose polls multiplied under slow metadata would show a ratio well above 1; the
-figure is the ratio, not a time. A third run, tuned (`--tuned`, default
-`buffer.steps_per_segment=2`: half the segment files), runs on the delayed filesystem.
+figure is the ratio, not a time. A third run, tuned (`--tuned`, default `sync.interval=2`:
+weights published every second step, half the publishes and the explorers' loads, one more
+step of staleness allowed), runs on the delayed filesystem.
 """
 
 from __future__ import annotations
@@ -92,7 +93,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--steps", type=int, default=30, help="trainer steps per run")
     parser.add_argument("--delay", type=float, default=0.02, help="seconds per metadata call")
-    parser.add_argument("--tuned", nargs="*", default=["buffer.steps_per_segment=2"],
+    parser.add_argument("--tuned", nargs="*", default=["sync.interval=2"],
                         help="--set overrides of the tuned run (on the delayed filesystem)")
     parser.add_argument("--json", type=Path, help="write the figures here too")
     args = parser.parse_args()
