@@ -31,7 +31,7 @@ from typing import Any
 
 from rft_hpc.core.errors import UserError
 from rft_hpc.core.retry import PROCESS_RETRY, read_bytes
-from rft_hpc.core.storage import raise_if_full
+from rft_hpc.core.storage import naming_full
 
 RUNDIR_LAYOUT_VERSION = 1
 
@@ -73,15 +73,12 @@ def commit_file(tmp: str | os.PathLike[str], final: str | os.PathLike[str], *,
     Each step is done again after a transient error (`core.retry`); a rename that failed
     but happened (the temporary name is gone, the final one there) counts as done.
     """
-    try:
+    with naming_full(final):  # a full disk: named as such, with the file (StorageFull)
         if durable:
             fsync_file(tmp)
         rename_into_place(tmp, final)
         if durable:
             fsync_dir(Path(final).parent)
-    except OSError as exc:  # a full disk: named as such, with the file (StorageFull)
-        raise_if_full(exc, final)
-        raise
 
 
 def rename_into_place(tmp: str | os.PathLike[str], final: str | os.PathLike[str]) -> None:
@@ -108,13 +105,10 @@ def atomic_write_bytes(path: str | os.PathLike[str], data: bytes, *, durable: bo
     write is done again under a fresh temporary name (`core.retry`, counted as its retries).
     """
     path = Path(path)
-    try:
+    with naming_full(path):  # a full disk: named as such, with the file (StorageFull)
         PROCESS_RETRY.write("file", path, lambda: _write_once(path, data, durable))
         if durable:
             fsync_dir(path.parent)
-    except OSError as exc:  # a full disk: named as such, with the file (StorageFull)
-        raise_if_full(exc, path)
-        raise
 
 
 def _write_once(path: Path, data: bytes, durable: bool) -> None:

@@ -20,7 +20,7 @@ import contextlib
 import errno
 import os
 import re
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 
 from rft_hpc.core.errors import UserError
 
@@ -122,6 +122,17 @@ def _path_of(e: BaseException) -> str | None:
     return m.group(1) if m else None
 
 
+@contextlib.contextmanager
+def naming_full(path: str | os.PathLike[str]) -> Iterator[None]:
+    """Run the block; a full disk or an exceeded quota met in it is raised as `StorageFull`
+    naming `path` (from the error), any other error as it is."""
+    try:
+        yield
+    except Exception as exc:
+        raise_if_full(exc, path)
+        raise
+
+
 def raise_if_full(exc: BaseException, path: str | os.PathLike[str]) -> None:
     """Raise `StorageFull` naming `path` (from `exc`) when `exc` is a full disk or an
     exceeded quota; return otherwise (the caller re-raises `exc`)."""
@@ -153,11 +164,8 @@ def append_whole(fd: int, data: bytes, path: str | os.PathLike[str]) -> None:
     a short write (a disk filling up) is cut off again and raised as `StorageFull`, so that
     the file never ends in half a line that the next append would glue to its own."""
     size = os.fstat(fd).st_size
-    try:
+    with naming_full(path):
         written = os.write(fd, data)
-    except OSError as exc:
-        raise_if_full(exc, path)
-        raise
     if written != len(data):
         with contextlib.suppress(OSError):
             os.ftruncate(fd, size)

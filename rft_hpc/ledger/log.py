@@ -21,7 +21,7 @@ from typing import Any
 
 from rft_hpc.core.retry import PROCESS_RETRY, open_append
 from rft_hpc.core.rundir import make_dirs
-from rft_hpc.core.storage import append_whole, cut_torn_tail, raise_if_full
+from rft_hpc.core.storage import append_whole, cut_torn_tail, naming_full
 from rft_hpc.ledger.replay import LEDGER_VERSION, replay
 
 
@@ -61,11 +61,8 @@ class LedgerWriter:
 
     def sync(self) -> None:
         """Put every event appended so far on stable storage."""
-        try:
+        with naming_full(self.path):
             os.fsync(self._fd)
-        except OSError as exc:
-            raise_if_full(exc, self.path)
-            raise
 
     def close(self) -> None:
         """Put every event on stable storage and close the file."""

@@ -23,7 +23,7 @@ from typing import Any
 
 from rft_hpc.core.retry import PROCESS_COUNTERS, PROCESS_RETRY, open_append
 from rft_hpc.core.rundir import make_dirs
-from rft_hpc.core.storage import append_whole, cut_torn_tail, raise_if_full
+from rft_hpc.core.storage import append_whole, cut_torn_tail, naming_full, raise_if_full
 
 log = logging.getLogger(__name__)
 
@@ -85,12 +85,9 @@ class MetricsWriter:
     def _new_events(self) -> Any:
         """A TensorBoard writer of a new events file (made again after a transient error:
         it writes the file's first event at once)."""
-        try:
+        with naming_full(self.tb_dir):
             return PROCESS_RETRY.write("TensorBoard events", self.tb_dir,
                                        lambda: self._tb_writer(str(self.tb_dir)))
-        except Exception as exc:
-            raise_if_full(exc, self.tb_dir)
-            raise
 
     def close(self) -> None:
         """Close the JSON lines file and TensorBoard's events (a full disk that kept the last

@@ -38,7 +38,7 @@ import torch
 
 from rft_hpc.core.retry import PROCESS_RETRY, Retrier
 from rft_hpc.core.rundir import TEMP_PREFIX, fsync_dir, remove_tree, rename_into_place
-from rft_hpc.core.storage import raise_if_full
+from rft_hpc.core.storage import naming_full
 from rft_hpc.sync.crc import RunningCrc
 
 CHECKSUM_ALGORITHM = "crc32"
@@ -120,12 +120,9 @@ def save_safetensors(path: Path, tensors: Mapping[str, torch.Tensor], *,
     blob = json.dumps(header, separators=(",", ":")).encode("utf-8")
     blob += b" " * (-len(blob) % _ALIGN)
     # written whole again after a transient error (`core.retry`): the path is temporary
-    try:
+    with naming_full(path):
         return PROCESS_RETRY.write("weights file", path, lambda: _save_once(
             path, tensors, names, blob, offset, durable))
-    except OSError as exc:
-        raise_if_full(exc, path)
-        raise
 
 
 def _save_once(path: Path, tensors: Mapping[str, torch.Tensor], names: list[str],

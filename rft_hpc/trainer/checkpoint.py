@@ -46,7 +46,7 @@ from rft_hpc.core.rundir import (
     remove_tree,
     trainer_step_folder_name,
 )
-from rft_hpc.core.storage import raise_if_full
+from rft_hpc.core.storage import naming_full
 from rft_hpc.sync.storage import (
     CHECKSUM_ALGORITHM,
     FileDigest,
@@ -197,11 +197,8 @@ def _torch_save(obj: object, path: Path) -> None:
     Through a Python file, not a path: torch's own writer reports a full disk as a bare
     "file write failed" and a failed `stat` of the folder as a RuntimeError without its
     errno; a Python file raises the OSError with its errno (StorageFull, or retried)."""
-    try:
+    with naming_full(path):
         PROCESS_RETRY.write("checkpoint file", path, lambda: _torch_save_once(obj, path))
-    except Exception as exc:
-        raise_if_full(exc, path)
-        raise
 
 
 def _torch_save_once(obj: object, path: Path) -> None:
