@@ -124,6 +124,21 @@ def role_trainer(stage: Path = typer.Argument(..., help="Stage directory.",
     leave_process(0)  # not through the process group's teardown (rft_hpc/runtime/exit.py)
 
 
+@role_app.command("colocated")
+def role_colocated(stage: Path = typer.Argument(..., help="Stage directory.",
+                                                readable=False)) -> None:
+    """Run a stage's trainer and explorer 0 in one process (launch.colocate)."""
+    from rft_hpc.colocate.role import run_colocated
+    from rft_hpc.runtime.exit import leave_process
+
+    try:
+        name_process("colocated")
+        run_colocated(stage)
+    finally:
+        ignore_warning_signal()
+    leave_process(0)  # as the trainer's (rft_hpc/runtime/exit.py)
+
+
 @role_app.command("evaluator")
 def role_evaluator(
     stage: Path = typer.Argument(..., help="Stage directory.", readable=False),

@@ -252,6 +252,13 @@ class LaunchConfig(ConfigSection):
     slurm: SlurmConfig = Field(default_factory=SlurmConfig)
     """Slurm settings per role."""
 
+    colocate: bool | Literal["auto"] = "auto"
+    """Run explorer 0 and the trainer in one process on the same devices, weights handed
+    over in memory (docs/colocated.md): true, false (a process each), or `auto`: colocated
+    under `rft-hpc run` wherever it serves (mode both, one explorer, one trainer process,
+    `sync.method: checkpoint`, no cores pinned apart), a process each under `rft-hpc
+    submit`. Under Slurm a colocated stage is one job with the trainer's settings."""
+
     umask: str | None = None
     """Umask (quoted octal, e.g. `"0027"`) for the run directory and every file the roles
     write; null keeps the submitting user's umask."""

@@ -17,6 +17,7 @@ from pydantic import ValidationError
 
 from rft_hpc.config.errors import ConfigError, Problem
 from rft_hpc.config.explain import Key, describe, dotted, explain
+from rft_hpc.config.placement import colocate_refusals
 from rft_hpc.config.renamed import take_renamed
 from rft_hpc.config.schema import ExperimentConfig
 from rft_hpc.core.retry import read_bytes
@@ -365,5 +366,7 @@ CHECKS: tuple[tuple[frozenset[str], Check], ...] = (
     (frozenset({"algorithm", "mode", "data", "model", "trainer", "stages"}),
      _reward_model_trains_on_pairs),
     (frozenset({"tasks", "stages"}), _reward_stages_come_first),
+    (frozenset({"launch", "mode", "explorer", "trainer", "sync", "stages"}),
+     colocate_refusals),
 )
 """Checks beyond the schema, each with the top-level sections it reads."""

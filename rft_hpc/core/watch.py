@@ -20,6 +20,7 @@ import errno
 import os
 import select
 import time
+from typing import Protocol
 
 _IN_CREATE = 0x00000100
 _IN_MOVED_TO = 0x00000080
@@ -39,6 +40,15 @@ def _libc() -> ctypes.CDLL | None:
         return libc
     except (OSError, AttributeError):  # not Linux, or a libc without inotify
         return None
+
+
+class Waitable(Protocol):
+    """What a stop flag's sleep can be woken by (`FolderWatch`, an in-process handover)."""
+
+    def wait(self, timeout: float) -> bool:
+        """Block until there is something to look at or `timeout` seconds pass; True when
+        there is."""
+        ...
 
 
 class FolderWatch:

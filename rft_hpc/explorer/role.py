@@ -32,6 +32,7 @@ from rft_hpc.core.json_types import JSONValue
 from rft_hpc.core.retry import io_metrics
 from rft_hpc.core.rundir import RunDir
 from rft_hpc.core.storage import close_all
+from rft_hpc.core.watch import Waitable
 from rft_hpc.engines import build_engine
 from rft_hpc.engines.judge import judge_loaders
 from rft_hpc.engines.protocol import StreamingEngine
@@ -54,6 +55,7 @@ from rft_hpc.runtime.lifecycle import JobClock
 from rft_hpc.runtime.logs import at_step, setup_logging, step_line
 from rft_hpc.runtime.placement import reward_worker_bounds
 from rft_hpc.sync.follower import WeightFollower, build_receiver
+from rft_hpc.sync.protocols import VersionSource
 from rft_hpc.sync.weight_files import load_start_weights
 from rft_hpc.tasks.model_reward import engine_device
 from rft_hpc.tasks.remote_reward import RemoteModelScorer
@@ -301,7 +303,8 @@ class ExplorerLoop:
         close_all((self.metrics.close, self.ledger.close))
 
 
-def _engine_starter(config: ExperimentConfig) -> EngineStarter:
+def engine_starter(config: ExperimentConfig) -> EngineStarter:
+    """Builds the stage's engine with its start weights loaded."""
     def start() -> StreamingEngine:
         engine = build_engine(config)
         load_start_weights(engine, config)
@@ -320,6 +323,23 @@ def run_explorer(stage_dir: Path, index: int) -> int:
     config, run = load_stage(stage_dir)
     set_threads(config.explorer.threads, config.explorer.cpus)  # logs how many and why
     stop = StopFlag()
+    step, done = explore_stage(config, run, index, stop,
+                               receiver=build_receiver(config, run, index))
+    if not done:
+        stop.check_requeue()
+    return step
+
+
+def explore_stage(config: ExperimentConfig, run: RunDir, index: int, stop: StopFlag, *,
+                  receiver: VersionSource | None, wake: Waitable | None = None,
+                  start_engine: EngineStarter | None = None) -> tuple[int, bool]:
+    """Explorer `index`'s work on a stage (the role's body, in its process or in a
+    colocated one): build its parts, run its steps until the last or `stop`, commit, close;
+    returns the next step to do and whether every step is written. Versions come from
+    `receiver` (None: files alone), and a wait for one is woken by `wake` (None: the
+    weights folder's changes); `start_engine` builds the engine (None: `build_engine` with
+    the stage's start weights)."""
+    role = f"explorer-{index}"
     # everything started is closed however the role ends (a full disk can fail any part's
     # start): reward workers left running would hold the process at its exit
     with contextlib.ExitStack() as parts:
@@ -328,12 +348,11 @@ def run_explorer(stage_dir: Path, index: int) -> int:
                                background_commit=True)
         pipeline = ExplorerPipeline(config, run, index, committed_step=writer.next_step)
         parts.callback(pipeline.close)
-        workflow = WORKFLOWS[config.explorer.workflow.type](config, run, role,
-                                                             _engine_starter(config))
+        workflow = WORKFLOWS[config.explorer.workflow.type](
+            config, run, role, start_engine or engine_starter(config))
         parts.callback(workflow.close)  # multi-turn: carried stragglers die (documented)
         clock = JobClock(config.launch.slurm.walltime_margin)
-        follower = WeightFollower(run, workflow.engine, stop, clock,
-                                  build_receiver(config, run, index))
+        follower = WeightFollower(run, workflow.engine, stop, clock, receiver, wake)
         try:
             loop = ExplorerLoop(config, run, index, workflow=workflow, writer=writer,
                                 pipeline=pipeline, follower=follower, clock=clock, stop=stop)
@@ -352,6 +371,4 @@ def run_explorer(stage_dir: Path, index: int) -> int:
     if done:  # the trainer may be sending a version already: take it
         follower.linger(config.sync.timeout)
     follower.close()
-    if not done:
-        stop.check_requeue()
-    return loop.step
+    return loop.step, done

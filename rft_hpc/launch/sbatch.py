@@ -201,10 +201,11 @@ fi
 
 def role_job(ctx: JobContext, role: str, stage_run: RunDir, stage: str, *, threads: int | None,
              count: int = 1, after: tuple[str, ...] = (), mpi: bool = False,
-             with_trainer: bool = False) -> Job:
+             with_trainer: bool = False, colocated: bool = False) -> Job:
     """The explorer array, the evaluator array (`count` tasks each) or the trainer job of
     one stage; an explorer array `with_trainer` requeues itself only while the stage's
-    trainer job is queued or running."""
+    trainer job is queued or running. A `colocated` trainer job runs explorer 0 in its
+    process too (`rft-hpc role colocated`, launch.colocate), with the trainer's settings."""
     slurm = ctx.launch.slurm
     settings: SlurmRoleConfig = getattr(slurm, role)
     # sync.method mpi: each role an MPI program that joins the others by connect/accept
@@ -224,23 +225,25 @@ def role_job(ctx: JobContext, role: str, stage_run: RunDir, stage: str, *, threa
         return Job(name, role, key, script, after, count, stage, logs)
     # Ranks meet through a file store on the run directory (no MASTER_ADDR to resolve).
     dist = {"RFT_DIST_INIT_FILE": "$state/dist-$SLURM_JOB_ID"}
+    command = "colocated" if colocated else "trainer"
+    title = (f"trainer and explorer 0 of stage {stage}, colocated" if colocated
+             else f"trainer of stage {stage}, {_count(settings.tasks(), 'rank')}")
     script = render_script(
-        ctx, settings, key=key,
-        title=f"trainer of stage {stage}, {_count(settings.tasks(), 'rank')}",
-        job_name=name, log=stage_run.log("trainer"),
-        command=role_command("trainer", stage_run.root, python=ctx.python(settings)),
+        ctx, settings, key=key, title=title, job_name=name, log=stage_run.log(command),
+        command=role_command(command, stage_run.root, python=ctx.python(settings)),
         threads=threads, state=stage_run.state, env=dist, record="slurm-trainer",
         srun_options=srun_options)
-    return Job(name, role, key, script, after, None, stage,
-               (stage_run.log("trainer"),))
+    return Job(name, role, key, script, after, None, stage, (stage_run.log(command),))
 
 
 def reward_job_array(ctx: JobContext, stage_run: RunDir, stage: str,
-                     reward_job: RewardJobConfig, *, after: tuple[str, ...]) -> Job:
+                     reward_job: RewardJobConfig, *, after: tuple[str, ...],
+                     clients: str = "explorer") -> Job:
     """The reward job array of one stage (`reward_job.count` tasks, `reward_job.slurm`
     settings, docs/reward-job.md): it requeues itself like the other roles (its warning
     signal, its time limit, a killed process), but only while the stage's explorer array is
-    queued or running (its only clients)."""
+    queued or running (its only clients; `clients` names their job: `trainer` when the
+    explorer is colocated in it)."""
     settings = reward_job.slurm
     name, key = f"{stage}.reward", "reward_job.slurm"
     par = f"%{settings.array_parallelism}" if settings.array_parallelism else ""
@@ -252,7 +255,7 @@ def reward_job_array(ctx: JobContext, stage_run: RunDir, stage: str,
                              python=ctx.python(settings)),
         threads=None, state=stage_run.state, array=f"0-{reward_job.count - 1}{par}",
         record="slurm-reward-$SLURM_ARRAY_TASK_ID",
-        requeue_needs=f"{ctx.run.root.name}.{stage}.explorer")
+        requeue_needs=f"{ctx.run.root.name}.{stage}.{clients}")
     logs = tuple(stage_run.log(f"reward-{j}") for j in range(reward_job.count))
     return Job(name, "reward", key, script, after, reward_job.count, stage, logs)
 

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from rft_hpc.config import ExperimentConfig, load_config
+from rft_hpc.config.placement import colocated
 from rft_hpc.core.errors import UserError
 from rft_hpc.core.rundir import RunDir, atomic_write_json, atomic_write_text, read_json
 from rft_hpc.launch.sbatch import (
@@ -168,15 +169,18 @@ def _plan(config: ExperimentConfig, run: RunDir, first: int, *, source: str,
             after = (jobs[-1].name,)
         roles = []
         mpi = stage.sync.method == "mpi" and stage.mode == "both"
+        together = colocated(stage, "slurm")  # explorer 0 runs in the trainer's job
         if stage.mode in ("both", "explore") and stage.reward_job.count:
-            roles.append(reward_job_array(ctx, stage_run, name, stage.reward_job, after=after))
-        if stage.mode in ("both", "explore"):
+            roles.append(reward_job_array(ctx, stage_run, name, stage.reward_job, after=after,
+                                          clients="trainer" if together else "explorer"))
+        if stage.mode in ("both", "explore") and not together:
             roles.append(role_job(ctx, "explorer", stage_run, name, count=stage.explorer.count,
                                   threads=stage.explorer.threads, after=after, mpi=mpi,
                                   with_trainer=stage.mode == "both"))
         if stage.mode in ("both", "train"):
             roles.append(role_job(ctx, "trainer", stage_run, name,
-                                  threads=stage.trainer.threads, after=after, mpi=mpi))
+                                  threads=stage.trainer.threads, after=after, mpi=mpi,
+                                  colocated=together))
         if stage.mode == "bench":
             roles.append(bench_stage_job(ctx, stage_run, name, threads=stage.trainer.threads,
                                          after=after))

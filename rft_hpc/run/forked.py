@@ -28,7 +28,8 @@ from rft_hpc.runtime.command import REPORT_MAX_BYTES, report_pipe, report_to_lau
 
 PRELOAD = ("torch", "transformers", "transformers.models.auto.modeling_auto",
            "transformers.generation.utils", "rft_hpc.cli.app", "rft_hpc.cli.run_cmd",
-           "rft_hpc.trainer.role", "rft_hpc.explorer.role", "rft_hpc.eval.evaluator")
+           "rft_hpc.trainer.role", "rft_hpc.explorer.role", "rft_hpc.colocate.role",
+           "rft_hpc.eval.evaluator")
 """What the fork server imports before it forks roles (a missing one is skipped)."""
 
 

@@ -1,4 +1,5 @@
-"""`rft-hpc run`: every role of every stage as a separate local process.
+"""`rft-hpc run`: every role of every stage as a local process (the trainer and explorer 0
+in one where the stage runs colocated, `launch.colocate`).
 
 The roles run the command line a Slurm job runs (`rft-hpc role ...` on a stage directory),
 forked from a fork server that has imported torch once (`run.forked`); only the launcher
@@ -22,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from rft_hpc.config import ExperimentConfig
+from rft_hpc.config.placement import colocated
 from rft_hpc.core.errors import UserError
 from rft_hpc.core.retry import open_append, read_bytes
 from rft_hpc.core.rundir import RunDir, atomic_write_json, read_json
@@ -115,14 +117,18 @@ def _start_roles(config: ExperimentConfig, run: RunDir, record: ProcessRecord,
     if config.mode == "bench":
         procs.append(_start("bench", role_command("bench-stage", run.root), run,
                             threads["trainer"], record))
-    if config.mode in ("both", "train"):
+    together = colocated(config, "local")
+    if together:  # the trainer and explorer 0 in one process: it takes every core
+        procs.append(_start("colocated", role_command("colocated", run.root), run,
+                            config.trainer.threads or available_cores(), record))
+    elif config.mode in ("both", "train"):
         procs.append(_start("trainer", [*launcher, *role_command("trainer", run.root)], run,
                             threads["trainer"], record))
     if config.mode in ("both", "explore"):
         for j in range(config.reward_job.count):  # first: explorers send them work at once
             procs.append(_start(f"reward-{j}", role_command("reward", run.root, j), run,
                                 threads["explorer"], record))
-        for i in range(config.explorer.count):
+        for i in range(1 if together else 0, config.explorer.count):
             procs.append(_start(f"explorer-{i}",
                                 [*launcher, *role_command("explorer", run.root, i)], run,
                                 threads["explorer"], record))

@@ -17,7 +17,7 @@ from rft_hpc.config import ExperimentConfig, load_config
 from rft_hpc.core.json_types import JSONValue
 from rft_hpc.core.retry import PROCESS_RETRY, StillUnreadable, read_bytes
 from rft_hpc.core.rundir import RunDir, atomic_write_json, atomic_write_text
-from rft_hpc.core.watch import FolderWatch
+from rft_hpc.core.watch import Waitable
 from rft_hpc.runtime.lifecycle import RequeueRequested
 from rft_hpc.runtime.placement import role_threads
 from rft_hpc.runtime.signals import STOP_SIGNALS, take_early
@@ -47,6 +47,7 @@ class StopFlag:
     def __init__(self) -> None:
         self.signal: int | None = take_early()
         self.walltime = False
+        self.requested: str | None = None
         for sig in STOP_SIGNALS:
             signal.signal(sig, self._handle)
 
@@ -57,8 +58,12 @@ class StopFlag:
         """Stop because the next step would not fit in the job's time."""
         self.walltime = True
 
+    def request(self, reason: str) -> None:
+        """Stop for `reason` (colocated: the other loop in this process failed)."""
+        self.requested = reason
+
     def __bool__(self) -> bool:
-        return self.signal is not None or self.walltime
+        return self.signal is not None or self.walltime or self.requested is not None
 
     @property
     def reason(self) -> str:
@@ -68,6 +73,8 @@ class StopFlag:
             return "requeue"
         if self.walltime:
             return "walltime"
+        if self.signal is None and self.requested is not None:
+            return self.requested
         return "stopped" if self.signal is not None else "running"
 
     def check_requeue(self) -> None:
@@ -75,7 +82,7 @@ class StopFlag:
         if self.reason in ("requeue", "walltime"):
             raise RequeueRequested(self.reason)
 
-    def sleep(self, seconds: float, watch: FolderWatch | None = None) -> bool:
+    def sleep(self, seconds: float, watch: Waitable | None = None) -> bool:
         """Sleep up to `seconds`, waking early on a stop signal or, with `watch`, as soon as
         a watched folder changes; True if stopped."""
         deadline = time.monotonic() + seconds

@@ -26,6 +26,8 @@ DEFAULT_LEVEL = "INFO"
 FORMAT = "%(asctime)s %(levelname)s %(role)s%(at_step)s: %(message)s"
 
 _current: dict[str, object] = {"role": "rft-hpc", "step": None}
+_thread = threading.local()
+"""A colocated loop's thread: its own role and step (`thread_role`)."""
 
 
 def parse_level(text: str) -> str:
@@ -52,8 +54,9 @@ class _RoleFields(logging.Filter):
     """Puts the role and, on warnings and errors, the current step into each record."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        record.role = _current["role"]
-        step = _current["step"]
+        own = getattr(_thread, "role", None) is not None
+        record.role = _thread.role if own else _current["role"]
+        step = _thread.step if own else _current["step"]
         record.at_step = (f" [step {step}]" if step is not None
                           and record.levelno >= logging.WARNING else "")
         return True
@@ -102,7 +105,16 @@ def setup_logging(role: str) -> None:
 def at_step(step: int | None) -> None:
     """The step the role works on now (1-based, as `step_line` counts), named by later
     warnings and errors; None once it is between steps for good."""
-    _current["step"] = step
+    if getattr(_thread, "role", None) is not None:
+        _thread.step = step
+    else:
+        _current["step"] = step
+
+
+def thread_role(role: str | None) -> None:
+    """Log the calling thread's records as `role`'s, with its own step (`at_step`): one of
+    the loops of a colocated process; None: the process's role again."""
+    _thread.role, _thread.step = role, None
 
 
 def step_line(step: int, total: int | None, *, version: int | str | None,

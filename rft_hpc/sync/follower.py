@@ -3,7 +3,8 @@
 With `checkpoint`, the newest version on the filesystem. With `nccl` or `mpi`, versions
 arrive over the fabric on a background thread and are swapped in at a step boundary; files
 fill in what the fabric missed (a failed sync's fallback, or the weights published while
-this explorer was not yet listening).
+this explorer was not yet listening). Colocated, versions come from the trainer in the same
+process (`sync.memory.MemoryHandover`), which also wakes a follower that waits for one.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import time
 
 from rft_hpc.config import ExperimentConfig
 from rft_hpc.core.rundir import RunDir
-from rft_hpc.core.watch import FolderWatch
+from rft_hpc.core.watch import FolderWatch, Waitable
 from rft_hpc.runtime.common import StopFlag, role_status
 from rft_hpc.runtime.lifecycle import JobClock
 from rft_hpc.sync.protocols import VersionSource, WeightSink
@@ -51,7 +52,8 @@ class WeightFollower:
     """Keeps an engine on the newest weights the trainer published."""
 
     def __init__(self, run: RunDir, engine: WeightSink, stop: StopFlag,
-                 clock: JobClock | None = None, receiver: VersionSource | None = None) -> None:
+                 clock: JobClock | None = None, receiver: VersionSource | None = None,
+                 wake: Waitable | None = None) -> None:
         self.run, self.engine, self.stop, self.clock = run, engine, stop, clock
         self.receiver = receiver
         self.read_buffer = ReadBuffer()  # the engine copies weights in: reuse it every load
@@ -61,6 +63,9 @@ class WeightFollower:
         self.waited = 0.0
         self.fallbacks = 0
         self.published = FolderWatch(run.weights)  # woken when LATEST is replaced
+        self.wake = wake
+        """What wakes a wait for a version instead of the weights folder (colocated: the
+        handover itself)."""
 
     def refresh(self) -> int:
         """Swap in the newest version: one that came over the fabric, else files.
@@ -109,7 +114,7 @@ class WeightFollower:
                     self.stop.out_of_time()
                 if not self.published.active:  # the trainer had not published yet
                     self.published.add(self.run.weights)
-                if self._trainer_done() or self.stop.sleep(poll, self.published):
+                if self._trainer_done() or self.stop.sleep(poll, self.wake or self.published):
                     return False
             return True
         finally:

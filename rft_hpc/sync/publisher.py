@@ -13,6 +13,10 @@ broadcast then finds the current weights on the filesystem. With `sync.full_ever
 files of a whole model's version are a delta against the files version before, but for every
 `full_every`-th and those an evaluator scores, and over the fabric a version goes as a delta
 against the one broadcast before, but for every `full_every`-th (docs/weights-format.md).
+Colocated (`launch.colocate`), the explorer shares the trainer's process: every version is
+handed over in memory (`sync.memory.MemoryHandover`), and only the versions that must be on
+the filesystem are written: the newest one at each checkpoint and at the end, so that a
+restarted process finds the weights its checkpoint's explorer steps used.
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ from rft_hpc.runtime.common import role_status
 from rft_hpc.sync.background import BackgroundWeightWriter
 from rft_hpc.sync.delta import DeltaChain
 from rft_hpc.sync.fabric import SyncFailed
+from rft_hpc.sync.memory import MemoryHandover
 from rft_hpc.sync.protocols import WeightSender
 from rft_hpc.sync.weight_files import latest_weights_version, publish_weights
 
@@ -52,16 +57,19 @@ class WeightPublisher:
     """Publishes the trainer's versions by the configured method, with files as fallback."""
 
     def __init__(self, config: ExperimentConfig, run: RunDir, *,
-                 keep_also: Collection[int] = (), device: torch.device | None = None) -> None:
+                 keep_also: Collection[int] = (), device: torch.device | None = None,
+                 handover: MemoryHandover | None = None) -> None:
         self.config, self.run, self.keep_also = config, run, keep_also
-        self.method = config.sync.method
+        self.method = "memory" if handover is not None else config.sync.method
+        self.handover = handover
+        """Colocated: the explorer in this process takes every version from here."""
         self.device = device
         self.fallbacks = 0
         self.fabric_deltas = 0
         """Versions that went over the fabric as deltas (every explorer applied them)."""
         self.files_version = latest_weights_version(run.weights)
         """The newest version written as files, or being written in the background."""
-        self._sender: WeightSender | None = None
+        self._sender: WeightSender | None = handover
         self._chain = DeltaChain(config.sync.full_every if config.model.lora is None else 1)
         self._writer = (BackgroundWeightWriter(run.weights, keep_also, self._chain)
                         if self.method == "checkpoint" and config.sync.background else None)
@@ -79,7 +87,7 @@ class WeightPublisher:
         elif self.method == "checkpoint" or self._an_explorer_finished() or not self._send(
                 state_dict, version):
             self.write_files(state_dict, version)
-        if self.method != "checkpoint":
+        if self.method not in ("checkpoint", "memory"):
             values["sync_fabric_deltas"] = float(self.fabric_deltas)
         return {**values, "sync_seconds": time.monotonic() - t0,
                 "sync_fallbacks": float(self.fallbacks)}
@@ -87,7 +95,8 @@ class WeightPublisher:
     def write_files(self, state_dict: Mapping[str, torch.Tensor], version: int) -> None:
         """Make `version` the newest weights on the filesystem (once); returns when they
         are there."""
-        self.flush()
+        if self._writer is not None:
+            self._writer.wait()
         if self.files_version != version:
             base = None
             if self._chain.active:
@@ -104,9 +113,15 @@ class WeightPublisher:
                                                         self.config.model.path)
 
     def flush(self) -> None:
-        """Wait until every version published so far is on the filesystem."""
+        """Wait until every version published so far is on the filesystem (colocated: the
+        newest version handed over is written now, from the handover's copy)."""
         if self._writer is not None:
             self._writer.wait()
+        if self.handover is not None:
+            with self.handover.held():
+                newest = self.handover.newest()
+                if newest is not None and newest[0] > (self.files_version or -1):
+                    self.write_files(newest[1], newest[0])
 
     def _send(self, state_dict: Mapping[str, torch.Tensor], version: int) -> bool:
         try:

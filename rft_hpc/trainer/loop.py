@@ -32,6 +32,7 @@ from rft_hpc.pipeline.filters import filter_batch
 from rft_hpc.runtime.common import StopFlag, read_heartbeat, write_heartbeat
 from rft_hpc.runtime.lifecycle import JobClock
 from rft_hpc.runtime.logs import at_step, step_line
+from rft_hpc.sync.memory import MemoryHandover
 from rft_hpc.sync.publisher import WeightPublisher
 from rft_hpc.trainer.checkpoint import TrainerState, save_trainer_state
 from rft_hpc.trainer.distributed import DistContext, broadcast_object
@@ -147,7 +148,8 @@ class TrainerLoop:
 
     def __init__(self, trainer: StageTrainer, run: RunDir, stop: StopFlag,
                  saved: TrainerState | None, config_hash: str,
-                 followers: Followers | None = None) -> None:
+                 followers: Followers | None = None,
+                 handover: MemoryHandover | None = None) -> None:
         config = self.config = trainer.config
         self.trainer, self.rundir, self.stop, self.config_hash = trainer, run, stop, config_hash
         self.steps = config.trainer.steps
@@ -169,7 +171,7 @@ class TrainerLoop:
         self.scored = set(config.eval.scored_versions(self.steps)) \
             if config.eval.evaluator else set()
         self.publisher = WeightPublisher(config, run, keep_also=self.scored,
-                                         device=trainer.device)
+                                         device=trainer.device, handover=handover)
         self.compactor = Compactor(run.buffer, config.buffer.compact,
                                    durable=config.buffer.fsync) \
             if config.buffer.compact.enabled else None

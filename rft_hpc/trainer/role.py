@@ -21,11 +21,17 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
+from rft_hpc.config import ExperimentConfig
 from rft_hpc.core.rundir import RunDir
 from rft_hpc.runtime.common import StopFlag, load_stage, set_threads
 from rft_hpc.runtime.logs import setup_logging
 from rft_hpc.trainer.checkpoint import TrainerState, load_trainer_state
-from rft_hpc.trainer.distributed import broadcast_object, init_distributed, shutdown
+from rft_hpc.trainer.distributed import (
+    DistContext,
+    broadcast_object,
+    init_distributed,
+    shutdown,
+)
 from rft_hpc.trainer.loop import Followers, TrainerLoop, rank_layout
 from rft_hpc.trainer.protocols import StageTrainer
 from rft_hpc.trainer.reward_model import RewardModelTrainer
@@ -49,7 +55,7 @@ def _follow(trainer: StageTrainer, step: int) -> int:
             trainer.checkpoint_parts()
 
 
-def _restore(trainer: StageTrainer, run: RunDir, chash: str) -> TrainerState | None:
+def restore(trainer: StageTrainer, run: RunDir, chash: str) -> TrainerState | None:
     """Load the latest checkpoint on every rank; the ranks must agree on its step. A
     checkpoint saved by another number of ranks is resharded as it loads (its states are
     whole); rank 0 logs the change."""
@@ -71,6 +77,13 @@ def _restore(trainer: StageTrainer, run: RunDir, chash: str) -> TrainerState | N
     return saved
 
 
+def build_trainer(config: ExperimentConfig, dist: DistContext) -> StageTrainer:
+    """The stage's trainer: a reward model's or a policy's (any algorithm)."""
+    if config.algorithm.algorithm_type == "reward_model":
+        return RewardModelTrainer(config, dist)
+    return Trainer(config, dist)
+
+
 def run_trainer(stage_dir: Path) -> int:
     """Train a stage to `trainer.steps` (or until stopped); returns the steps done.
 
@@ -84,11 +97,9 @@ def run_trainer(stage_dir: Path) -> int:
     if not dist.is_main:
         setup_logging(f"trainer-rank{dist.rank}")
     try:
-        trainer = (RewardModelTrainer(config, dist)
-                   if config.algorithm.algorithm_type == "reward_model"
-                   else Trainer(config, dist))
+        trainer = build_trainer(config, dist)
         chash = config_hash(config)
-        saved = _restore(trainer, run, chash)
+        saved = restore(trainer, run, chash)
         if not dist.is_main:
             return _follow(trainer, saved.step if saved else 0)
         followers = Followers(dist)

@@ -153,26 +153,31 @@ def test_offline_sft_from_a_jsonl_file(tmp_path, tiny_model):
     assert not (stage / "metrics" / "explorer-0.jsonl").exists()
 
 
+@pytest.mark.parametrize("placement", ["colocated", "split"])
 def test_a_run_interrupted_twice_ends_with_the_weights_of_an_uninterrupted_one(
-        tmp_path, tiny_model):
+        tmp_path, tiny_model, placement):
     """Deterministic: strictly on-policy, one explorer, batches of exactly one explorer step.
     The interrupted run also folds what each checkpoint consumed into archives (every 2
-    segments), and its resumes read on from them."""
-    def args(name):
+    segments), and its resumes read on from them. The uninterrupted run is split into two
+    processes: a colocated run interrupted twice ends with its weights too (the placement
+    changes nothing but where the loops run)."""
+    def args(name, colocate):
         return ["run", DEMO, *short(tmp_path, tiny_model, "--set", "stages=[]",
                                     "--set", f"run.name={name}", "--set", "explorer.count=1",
                                     "--set", "sync.offset=0", "--set", "trainer.batch_size=16",
-                                    "--set", "trainer.steps=12", "--set", "eval.interval=0",
+                                    "--set", "trainer.steps=40", "--set", "eval.interval=0",
                                     "--set", "trainer.save_interval=100",
+                                    "--set", f"launch.colocate={colocate}",
                                     *(("--set", "buffer.compact={min_segments: 2, fanout: 2}")
                                       if name == "twice" else ()))]
 
-    straight = rft(*args("straight"), timeout=600)
+    straight = rft(*args("straight", "false"), timeout=600)
     assert straight.returncode == 0, straight.stderr[-3000:]
 
     stage = tmp_path / "twice" / "stages" / "0-main"
+    twice = args("twice", "true" if placement == "colocated" else "false")
     for stop_at in (3, 7):
-        proc = subprocess.Popen([sys.executable, "-m", "rft_hpc.cli", *map(str, args("twice"))],
+        proc = subprocess.Popen([sys.executable, "-m", "rft_hpc.cli", *map(str, twice)],
                                 cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                 text=True)
 
@@ -186,15 +191,18 @@ def test_a_run_interrupted_twice_ends_with_the_weights_of_an_uninterrupted_one(
         proc.send_signal(signal.SIGINT)
         _, err = proc.communicate(timeout=120)
         assert proc.returncode != 0 and "run the same command again" in err, err[-2000:]
-    resumed = rft(*args("twice"), timeout=600)
+    resumed = rft(*twice, timeout=600)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
+    logs = {p.name for p in (stage / "jobs").glob("*.log")}
+    assert ("colocated.log" in logs) == (placement == "colocated"), logs
 
     from rft_hpc.sync.weight_files import load_weights
 
-    one = load_weights(tmp_path / "straight" / "stages" / "0-main" / "weights", 12)
-    two = load_weights(stage / "weights", 12)
+    one = load_weights(tmp_path / "straight" / "stages" / "0-main" / "weights", 40)
+    two = load_weights(stage / "weights", 40)
     diff = max(float((one[k] - two[k]).abs().max()) for k in one)
-    print(f"final weights, uninterrupted vs interrupted twice: max |diff| {diff:.3g}")
+    print(f"final weights, uninterrupted split vs interrupted twice {placement}: "
+          f"max |diff| {diff:.3g}")
     assert diff <= 1e-6
     assert list((stage / "buffer").glob("*/archive-*.h5")), "nothing was compacted"
     report = rft("audit", tmp_path / "twice", "--json")

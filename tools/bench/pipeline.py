@@ -15,8 +15,10 @@ step. It measures, each figure beside the limit it is held to, in the same run:
     idle spell slower); and the ceiling of any synchronous loop: one process that generates
     a step and trains on it, back to back, with no second process, sync or files;
 (b) shared cores, as `rft-hpc run` on a laptop: the loop's completions/s with the default
-    settings (`sync.offset: 0`, threads left to rft-hpc) against 64 / (t_gen + t_train)
-    on all cores;
+    settings (`sync.offset: 0`, threads left to rft-hpc), which run the explorer and the
+    trainer colocated in one process (`launch.colocate: auto`), against 64 / (t_gen +
+    t_train) on all cores; beside it the same split into two processes
+    (`launch.colocate=false`, the placement this row measured before colocation);
 (c) separate cores, as separate GPUs would be (explorer pinned to core 0, trainer to core
     1): sync (`offset 0`) against 64 / (t_gen + t_train), async (`offset 1`) against
     64 / max(t_gen, t_train), both on one core;
@@ -35,7 +37,7 @@ A loop's rate is taken from the trainer's metrics between its 3rd and last step 
 the first weights and the first batch left out). Under each loop it prints where a step's
 time goes: the medians of the trainer's step, training, publishing (`sync_seconds`) and
 waiting for data, and of the explorer's step, generating, scoring and waiting for weights.
-Targets (issues 15, 32): (b) >= 0.9, (c) sync >= 0.9 and async >= 0.85, (d) in the
+Targets (issues 15, 32, 35): (b) colocated >= 0.9, (c) sync >= 0.9 and async >= 0.85, (d) in the
 default config async / sync >= 2.5 with busy >= 0.9. Needs 2+ cores. `--parts d` runs (a)'s
 one-core timings and (d) only.
 """
@@ -202,8 +204,11 @@ def bench(work: Path, steps: int, tokens: int = TOKENS, parts: str = "abcd") -> 
                  train_1_idle=measure("train", config_path, one, idle=IDLE),
                  loop_all=measure("loop", config_path, cores),
                  loop_1=measure("loop", config_path, one))
-        shared = run_loop(work, "shared", config_path)
         limit_b = BATCH / (t["gen_all"] + t["train_all"])
+        colocated = run_loop(work, "colocated", config_path)  # the default placement
+        out["b_colocated"] = {**colocated, "limit": limit_b,
+                              "ratio": colocated["completions_per_s"] / limit_b}
+        shared = run_loop(work, "shared", config_path, "launch.colocate=false")
         out["b_shared"] = {**shared, "limit": limit_b,
                            "ratio": shared["completions_per_s"] / limit_b}
         sync = run_loop(work, "sync", config_path, *pinned)
@@ -277,7 +282,10 @@ def report_bc(r: dict) -> None:
           f"{t['loop_1'] * 1e3:.1f} ms on 1: the most any loop can reach is "
           f"{(t['gen_all'] + t['train_all']) / t['loop_all']:.3f} of (b)'s limit and "
           f"{(t['gen_1'] + t['train_1']) / t['loop_1']:.3f} of (c)'s sync limit")
-    rows = [("(b) shared cores, default config", r["b_shared"], 0.9, "64/(t_gen+t_train), all"),
+    rows = [("(b) shared cores, default config", r["b_colocated"], 0.9,
+             "64/(t_gen+t_train), all"),
+            ("(b) shared, split (colocate=false)", r["b_shared"], 0.9,
+             "64/(t_gen+t_train), all"),
             ("(c) separate cores, sync", r["c_sync"], 0.9, "64/(t_gen+t_train), 1 core"),
             ("(c) separate cores, async", r["c_async"], 0.85, "64/max(t_gen,t_train), 1 core")]
     for label, x, target, limit in rows:
