@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from rft_hpc.buffer import segment_tap
 from rft_hpc.buffer.archive import archive_name, list_writer, read_archive
 from rft_hpc.buffer.layout import quarantine_segment, writer_names
 from rft_hpc.buffer.records import Record
@@ -171,7 +172,7 @@ class BufferReader:
         if self._stuck.get(writer) == [start, st.st_size, st.st_mtime_ns]:
             return self._skip_if_superseded(writer, start)
         try:
-            seg = read_segment(path, retry=self._retry)
+            seg = segment_tap.take(path) or read_segment(path, retry=self._retry)
             if seg.step_start != start or seg.step_end <= start:
                 raise CorruptSegment(path, f"steps [{seg.step_start}, {seg.step_end}) do not "
                                            f"match its name")

@@ -236,8 +236,11 @@ def _dcpl() -> h5p.PropDCID:
 
 
 def write_segment_file(path: os.PathLike[str] | str, kind: str, records: Sequence[Record], *,
-                       writer: str, step_start: int, step_end: int) -> int:
+                       writer: str, step_start: int, step_end: int,
+                       columns: dict[str, Any] | None = None) -> int:
     """Write `records` as a complete segment file at `path` (not fsynced, not committed).
+    With `columns`, also fill it with the datasets as `segment.read_segment` would read
+    them back (`segment_tap`).
 
     Returns the number of payload bytes written (sum of dataset sizes).
     """
@@ -258,7 +261,22 @@ def write_segment_file(path: os.PathLike[str] | str, kind: str, records: Sequenc
             "created": time.time(), "producer": f"rft-hpc {__version__}"})
     finally:
         wait()
+    if columns is not None:
+        columns.update(_as_read(schema, cols))
     return sum(c.nbytes for c in cols)
+
+
+def _as_read(schema: KindSchema, cols: list[_Column]) -> dict[str, Any]:
+    """The datasets of `cols` as a reader gets them: one array each, strings as a list."""
+    out: dict[str, Any] = {}
+    for col in cols:
+        whole = col.parts[0] if len(col.parts) == 1 else np.concatenate(col.parts)
+        if col.name in schema.strings:
+            out[col.name] = whole[:-1].tobytes().decode("utf-8").split("\0") if col.length \
+                else []
+        else:
+            out[col.name] = whole.astype(col.dtype, copy=False)
+    return out
 
 
 def _write_file(path: os.PathLike[str] | str, cols: list[_Column], crcs: list[int],

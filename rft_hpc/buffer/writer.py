@@ -13,12 +13,15 @@ import os
 from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
+from rft_hpc.buffer import segment_tap
 from rft_hpc.buffer.archive import list_writer
 from rft_hpc.buffer.layout import ensure_buffer_dir, quarantine_segment
 from rft_hpc.buffer.records import Record
 from rft_hpc.buffer.segment import (
     CorruptSegment,
+    Segment,
     read_segment_attrs,
     segment_name,
 )
@@ -95,9 +98,12 @@ class SegmentWriter:
         tmp = self.dir / f"{TEMP_PREFIX}{final.name}.{os.getpid()}"
         try:
             # written whole again (same temporary name) after a transient error
+            columns: dict[str, Any] | None = {} if segment_tap.enabled() else None
             self.bytes_written += PROCESS_RETRY.write("segment", tmp, lambda: write_segment_file(
                 tmp, self.kind, self._pending, writer=self.writer, step_start=start,
-                step_end=end))
+                step_end=end, columns=columns))
+            if columns is not None:  # a reader in this process takes it once committed
+                segment_tap.offer(Segment(final, self.kind, self.writer, start, end, columns))
         except BaseException as exc:
             tmp.unlink(missing_ok=True)
             raise_if_full(exc, final)  # a full disk: named with the segment (StorageFull)

@@ -1,2 +1,1 @@
-"""The colocated placement: an explorer and the trainer in one process, on the same devices
-(`launch.colocate`, docs/colocated.md)."""
+"""The colocated placement: the trainer and explorer 0 in one process (docs/colocated.md)."""

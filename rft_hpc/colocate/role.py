@@ -30,6 +30,7 @@ from typing import cast
 
 import torch
 
+from rft_hpc.buffer import segment_tap
 from rft_hpc.colocate.device import (
     ENGINE_CALLS,
     EVALUATION_CALLS,
@@ -38,11 +39,12 @@ from rft_hpc.colocate.device import (
     OnDevice,
 )
 from rft_hpc.config import ExperimentConfig
+from rft_hpc.core.errors import UserError
 from rft_hpc.core.rundir import RunDir
 from rft_hpc.engines.protocol import StreamingEngine
 from rft_hpc.explorer.role import engine_starter, explore_stage
 from rft_hpc.runtime.common import StopFlag, load_stage, set_threads
-from rft_hpc.runtime.logs import setup_logging, thread_role
+from rft_hpc.runtime.logs import log_role_to, setup_logging, thread_role
 from rft_hpc.sync.memory import MemoryHandover
 from rft_hpc.trainer.distributed import init_distributed, shutdown
 from rft_hpc.trainer.loop import TrainerLoop
@@ -77,13 +79,16 @@ class ExplorerThread(threading.Thread):
         torch.set_num_threads(1)  # its compute goes to the device thread (colocate.device)
         try:
             explore_stage(self.config, self.rundir, EXPLORER, self.stop, receiver=self.handover,
-                          wake=self.handover, start_engine=self.start_engine)
+                          wake=self.handover, start_engine=self.start_engine, colocated=True)
         except BaseException as exc:
             self.failure = exc
             self.stop.request("failed")
 
     def raise_failure(self) -> None:
-        """Raise the explorer's failure, if it failed."""
+        """Raise the explorer's failure, if it failed (a user error's one message names
+        the loop that failed)."""
+        if isinstance(self.failure, UserError):
+            raise UserError(f"{self.name}: {self.failure}") from self.failure
         if self.failure is not None:
             raise self.failure
 
@@ -94,7 +99,10 @@ def run_colocated(stage_dir: Path) -> int:
     requeue or the walltime, and the explorer's failure when it failed."""
     setup_logging("colocated")
     config, run = load_stage(stage_dir)
+    for role in ("trainer", f"explorer-{EXPLORER}"):  # each loop's lines in its own log too
+        log_role_to(role, run.log(role))
     device = DeviceThread(set_threads(config.trainer.threads, config.trainer.cpus))
+    segment_tap.enable()  # the trainer takes the explorer's segments without a read
     torch.set_num_threads(1)  # this thread's compute goes to the device thread too
     stop = StopFlag()
     dist = init_distributed()

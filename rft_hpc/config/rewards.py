@@ -45,6 +45,11 @@ BUILTIN_REWARDS: dict[str, str] = {
 """The rewards a config may name without an import path, and where each function is (the
 config checks names against this table without importing anything; docs/rewards.md)."""
 
+IN_PROCESS_REWARDS = frozenset({"exact_match", "exact_match_with_format"})
+"""Built-ins the explorer computes itself rather than in a reward worker: a string compare
+and a bounded regular expression, which cannot hang and take microseconds, less than a
+worker's round trip (docs/rewards.md)."""
+
 _IMPORT_PATH = re.compile(r"[A-Za-z_][\w.]*:[A-Za-z_][\w.]*")
 
 

@@ -332,13 +332,15 @@ def run_explorer(stage_dir: Path, index: int) -> int:
 
 def explore_stage(config: ExperimentConfig, run: RunDir, index: int, stop: StopFlag, *,
                   receiver: VersionSource | None, wake: Waitable | None = None,
-                  start_engine: EngineStarter | None = None) -> tuple[int, bool]:
+                  start_engine: EngineStarter | None = None,
+                  colocated: bool = False) -> tuple[int, bool]:
     """Explorer `index`'s work on a stage (the role's body, in its process or in a
     colocated one): build its parts, run its steps until the last or `stop`, commit, close;
     returns the next step to do and whether every step is written. Versions come from
     `receiver` (None: files alone), and a wait for one is woken by `wake` (None: the
     weights folder's changes); `start_engine` builds the engine (None: `build_engine` with
-    the stage's start weights)."""
+    the stage's start weights). `colocated`: in the trainer's process, every version after
+    the first comes from `receiver` (the files are read once, at the start)."""
     role = f"explorer-{index}"
     # everything started is closed however the role ends (a full disk can fail any part's
     # start): reward workers left running would hold the process at its exit
@@ -352,7 +354,8 @@ def explore_stage(config: ExperimentConfig, run: RunDir, index: int, stop: StopF
             config, run, role, start_engine or engine_starter(config))
         parts.callback(workflow.close)  # multi-turn: carried stragglers die (documented)
         clock = JobClock(config.launch.slurm.walltime_margin)
-        follower = WeightFollower(run, workflow.engine, stop, clock, receiver, wake)
+        follower = WeightFollower(run, workflow.engine, stop, clock, receiver, wake,
+                                  files_once=colocated)
         try:
             loop = ExplorerLoop(config, run, index, workflow=workflow, writer=writer,
                                 pipeline=pipeline, follower=follower, clock=clock, stop=stop)

@@ -67,7 +67,7 @@ class RoleProcess:
     def start(self) -> None:
         """Start the role (again) and record its pid."""
         self.proc = _popen(self.cmd, self.log, self.threads)
-        self.record.started(self.stage, self.name, self.proc.pid)
+        _record(self.record, self.stage, self.name, self.proc.pid)
 
 
 @dataclass
@@ -83,8 +83,19 @@ def _start(name: str, cmd: list[str], run: RunDir, threads: int,
     log = run.log(name)
     role = RoleProcess(name, _popen(cmd, log, threads), log, cmd, threads, record,
                        run.root.name)
-    record.started(role.stage, name, role.proc.pid)
+    _record(record, role.stage, name, role.proc.pid)
     return role
+
+
+def _record(record: ProcessRecord, stage: str, name: str, pid: int) -> None:
+    """Record process `pid` as role `name` (the colocated process as each role it runs:
+    `rft-hpc status` shows roles, each with its heartbeat)."""
+    for role in COLOCATED_ROLES if name == "colocated" else (name,):
+        record.started(stage, role, pid)
+
+
+COLOCATED_ROLES = ("trainer", "explorer-0")
+"""The roles the colocated process runs (`rft_hpc.colocate.role`)."""
 
 
 def _popen(cmd: list[str], log: Path, threads: int) -> subprocess.Popen[bytes] | ForkedProcess:

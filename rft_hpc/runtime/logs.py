@@ -14,8 +14,10 @@ import logging
 import os
 import sys
 import threading
+from pathlib import Path
 
 from rft_hpc.core.errors import UserError
+from rft_hpc.core.retry import open_append
 from rft_hpc.core.storage import storage_full
 
 LOG_LEVEL_ENV = "RFT_LOG_LEVEL"
@@ -82,6 +84,30 @@ def _thread_failed(args: threading.ExceptHookArgs) -> None:
 def current_role() -> str:
     """The role this process runs as (`setup_logging`), `rft-hpc` outside a role."""
     return str(_current["role"])
+
+
+class _OfRole(logging.Filter):
+    """Passes only the records of one role (a colocated loop's thread)."""
+
+    def __init__(self, role: str) -> None:
+        super().__init__()
+        self.role = role
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return getattr(_thread, "role", None) == self.role
+
+
+def log_role_to(role: str, path: Path) -> None:
+    """Also append the records of the threads that log as `role` (`thread_role`) to the
+    file `path`: a colocated process keeps each loop's own log (`jobs/<role>.log`) beside
+    its whole output."""
+    stream = os.fdopen(open_append(path, mode=0o644, what="log"), "a", buffering=1,
+                       encoding="utf-8")
+    handler = _RoleHandler(stream)
+    handler.setFormatter(logging.Formatter(FORMAT))
+    handler.addFilter(_RoleFields())
+    handler.addFilter(_OfRole(role))
+    logging.getLogger().addHandler(handler)
 
 
 def setup_logging(role: str) -> None:

@@ -53,7 +53,7 @@ class WeightFollower:
 
     def __init__(self, run: RunDir, engine: WeightSink, stop: StopFlag,
                  clock: JobClock | None = None, receiver: VersionSource | None = None,
-                 wake: Waitable | None = None) -> None:
+                 wake: Waitable | None = None, files_once: bool = False) -> None:
         self.run, self.engine, self.stop, self.clock = run, engine, stop, clock
         self.receiver = receiver
         self.read_buffer = ReadBuffer()  # the engine copies weights in: reuse it every load
@@ -66,6 +66,10 @@ class WeightFollower:
         self.wake = wake
         """What wakes a wait for a version instead of the weights folder (colocated: the
         handover itself)."""
+        self.files_once = files_once
+        """Look at the files only until the first refresh (colocated: every later version
+        comes from `receiver`, and reading `LATEST` at each refresh would only cost time)."""
+        self._files_read = False
 
     def refresh(self) -> int:
         """Swap in the newest version: one that came over the fabric, else files.
@@ -81,8 +85,12 @@ class WeightFollower:
                 self.receiver.give_back(got[1])
             self.fallbacks += len(self.receiver.failures)
             self.receiver.failures.clear()
+        if self.files_once and self._files_read:
+            return self.engine.version
         try:
-            return self._load_latest_files()
+            version = self._load_latest_files()
+            self._files_read = True
+            return version
         except WeightsUnavailable as exc:  # the files may be intact: keep what we hold
             log.warning("weights unreadable for now (%s): keeping version %d and reading "
                         "again at the next refresh", exc, self.engine.version)

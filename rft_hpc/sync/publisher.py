@@ -158,9 +158,12 @@ class WeightPublisher:
         return self._sender
 
     def _an_explorer_finished(self) -> bool:
-        """An explorer that finished no longer listens: waiting for it would stall a sync."""
-        return any(role_status(self.run, f"explorer-{i}") == "done"
-                   for i in range(self.config.explorer.count))
+        """An explorer that finished no longer listens: waiting for it would stall a sync.
+        (Colocated, the explorer is in this process and takes every version: one that says
+        it is done may still be asked to replace stale records, and looks nowhere else.)"""
+        return self.method != "memory" and any(
+            role_status(self.run, f"explorer-{i}") == "done"
+            for i in range(self.config.explorer.count))
 
     def close(self) -> None:
         """Finish the write in flight; tell the explorers no more versions come by the

@@ -42,6 +42,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from multiprocessing.connection import Connection, wait
 
+from rft_hpc.config.rewards import IN_PROCESS_REWARDS
 from rft_hpc.core.forkserver import forkserver_context
 from rft_hpc.tasks.task import Task
 
@@ -116,6 +117,21 @@ def _cpu_seconds(pid: int | None) -> tuple[float, bool]:
         return (int(fields[11]) + int(fields[12])) / _TICKS, fields[0] in (b"S", b"D")
     except (OSError, ValueError, IndexError):
         return float("inf"), False
+
+
+def scores_in_process(task: Task) -> bool:
+    """Whether `task`'s reward is one function of `IN_PROCESS_REWARDS` (computed by the
+    caller: a worker's round trip would cost more than the call)."""
+    return not task.reward_terms and task.reward in IN_PROCESS_REWARDS
+
+
+def _score_here(task: Task, response: str) -> RewardOutcome:
+    from rft_hpc.tasks.rewards import call_reward
+
+    try:
+        return RewardOutcome(call_reward(task, response))
+    except Exception as exc:  # scored 0 with why, as a worker reports it
+        return RewardOutcome(error=_describe(exc))
 
 
 def _serve(conn: Connection) -> None:
@@ -265,10 +281,16 @@ class RewardPool:
         return scoring.result()
 
     def submit(self, calls: Sequence[RewardCall]) -> Scoring:
-        """Queue `calls` for scoring and return their `Scoring` at once."""
+        """Queue `calls` for scoring and return their `Scoring` at once. Calls of a
+        built-in that cannot hang (`IN_PROCESS_REWARDS`) are scored here and now."""
         scoring = Scoring(calls)
-        self._todo.extend((scoring, i) for i in range(len(scoring.calls)))
-        self.pump(timeout=0.0)
+        for i, (task, response) in enumerate(scoring.calls):
+            if scores_in_process(task):
+                scoring.put(i, _score_here(task, response))
+            else:
+                self._todo.append((scoring, i))
+        if self._todo:
+            self.pump(timeout=0.0)
         return scoring
 
     @property

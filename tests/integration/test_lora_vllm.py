@@ -128,7 +128,9 @@ def test_a_lora_run_with_vllm_explorers_samples_with_each_adapter(tmp_path, tiny
         "--set", f"trainer.steps={steps}", "--set", "eval.interval=0",
         "--set", "trainer.lr=1e-2", "--set", "algorithm.entropy_loss_fn=default",
         "--set", "algorithm.entropy_loss_fn_args={entropy_coef: 0.1}",
-        "--set", "model.lora={rank: 8, alpha: 16}"), timeout=900)
+        "--set", "model.lora={rank: 8, alpha: 16}",
+        # split: each version's adapter is published as files, which this test reads back
+        "--set", "launch.colocate=false"), timeout=900)
     assert result.returncode == 0, result.stderr[-3000:]
     stage = tmp_path / "demo" / "stages" / "0-main"
     records = rollouts(stage)

@@ -143,8 +143,10 @@ def test_a_reward_failing_past_the_limit_stops_the_run_with_one_message(tmp_path
     assert result.returncode == 2, result.stdout + result.stderr
     assert "Traceback" not in result.stdout + result.stderr
     text = re.sub(r"\s+", " ", result.stderr)
-    assert "role explorer-0 failed (exit 2)" in text
-    assert re.search(r"error: \d+ of 8 reward calls failed \(raised or timed out\), more than "
+    # one explorer: colocated with the trainer (launch.colocate auto), the loop named
+    assert "role colocated failed (exit 2)" in text and "error: explorer-0: " in text
+    assert re.search(r"error: explorer-0: \d+ of 8 reward calls failed \(raised or timed "
+                     r"out\), more than "
                      r"explorer.reward_failure_limit 0.2 of them", text), result.stderr
     stage = tmp_path / "runs" / "rewards" / "stages" / "0-main"
     assert rollouts(stage) == []  # the step that tripped the limit was never committed
