@@ -126,7 +126,7 @@ def trl_child(start: Path, out: Path, steps: int) -> None:
 
     from rft_hpc.engines.hf import HFEngine
 
-    tasks = train_tasks(steps)
+    tasks = train_tasks(steps, start)
     engine = HFEngine(start)
     tokenizer = AutoTokenizer.from_pretrained(start)
     # the prompt text that tokenizes to rft-hpc's prompt ids (its special tokens included)
@@ -163,12 +163,12 @@ def trl_child(start: Path, out: Path, steps: int) -> None:
     print(json.dumps({"completions_per_s": rate, "steps": len(times)}))
 
 
-def train_tasks(steps: int) -> list[Any]:
+def train_tasks(steps: int, model: Path) -> list[Any]:
     """Training tasks of the same split rft-hpc samples from, enough for `steps` steps of
     `TASKS` prompts."""
     from rft_hpc.tasks.source import build_tasks
 
-    config = load_config_text(stage_text(Path("/tmp"), Path("/tmp/x"), "x", steps, sft=False))
+    config = load_config_text(stage_text(Path("/tmp"), model, "x", steps, sft=False))
     train, _ = build_tasks(config.tasks, config.run.seed)
     return [train[i % len(train)] for i in range(steps * TASKS)]
 
