@@ -11,7 +11,9 @@ requeue, every algorithm and pipeline feature work unchanged, and the same confi
 or colocated. With `sync.offset: 0` the two loops take turns (strictly on-policy: the
 explorer waits for each version, the trainer for each step's records), with an offset
 they overlap. The newest version handed over is written as files at each checkpoint and at
-the end, so that a restarted process starts its engine where the saved one stood.
+the end, so that a restarted process starts its engine where the saved one stood, and the
+trainer takes the explorer's committed segments without reading them back
+(`buffer.segment_tap`).
 
 Their device work runs on one thread (`colocate.device`): on CPUs two threads computing at
 once halve each other's speed, and on one GPU the calls take turns anyway.

@@ -153,30 +153,45 @@ def test_offline_sft_from_a_jsonl_file(tmp_path, tiny_model):
     assert not (stage / "metrics" / "explorer-0.jsonl").exists()
 
 
+INTERRUPTED_STEPS = 20
+
+
+def interrupted_args(root: Path, model: Path, name: str, colocate: str) -> list[str]:
+    """The deterministic run of the interrupted-run test: strictly on-policy, one explorer,
+    batches of exactly one explorer step."""
+    return ["run", DEMO, *short(root, model, "--set", "stages=[]",
+                                "--set", f"run.name={name}", "--set", "explorer.count=1",
+                                "--set", "sync.offset=0", "--set", "trainer.batch_size=16",
+                                "--set", f"trainer.steps={INTERRUPTED_STEPS}",
+                                "--set", "eval.interval=0", "--set", "trainer.save_interval=100",
+                                "--set", f"launch.colocate={colocate}",
+                                *(("--set", "buffer.compact={min_segments: 2, fanout: 2}")
+                                  if name == "twice" else ()))]
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory, tiny_model):
+    """The final weights of the interrupted-run test's config run without interruption,
+    split into two processes."""
+    from rft_hpc.sync.weight_files import load_weights
+
+    root = tmp_path_factory.mktemp("straight")
+    straight = rft(*interrupted_args(root, tiny_model, "straight", "false"), timeout=600)
+    assert straight.returncode == 0, straight.stderr[-3000:]
+    return load_weights(root / "straight" / "stages" / "0-main" / "weights", INTERRUPTED_STEPS)
+
+
 @pytest.mark.parametrize("placement", ["colocated", "split"])
 def test_a_run_interrupted_twice_ends_with_the_weights_of_an_uninterrupted_one(
-        tmp_path, tiny_model, placement):
-    """Deterministic: strictly on-policy, one explorer, batches of exactly one explorer step.
-    The interrupted run also folds what each checkpoint consumed into archives (every 2
+        tmp_path, tiny_model, uninterrupted, placement):
+    """The interrupted run also folds what each checkpoint consumed into archives (every 2
     segments), and its resumes read on from them. The uninterrupted run is split into two
     processes: a colocated run interrupted twice ends with its weights too (the placement
     changes nothing but where the loops run)."""
-    def args(name, colocate):
-        return ["run", DEMO, *short(tmp_path, tiny_model, "--set", "stages=[]",
-                                    "--set", f"run.name={name}", "--set", "explorer.count=1",
-                                    "--set", "sync.offset=0", "--set", "trainer.batch_size=16",
-                                    "--set", "trainer.steps=40", "--set", "eval.interval=0",
-                                    "--set", "trainer.save_interval=100",
-                                    "--set", f"launch.colocate={colocate}",
-                                    *(("--set", "buffer.compact={min_segments: 2, fanout: 2}")
-                                      if name == "twice" else ()))]
-
-    straight = rft(*args("straight", "false"), timeout=600)
-    assert straight.returncode == 0, straight.stderr[-3000:]
-
     stage = tmp_path / "twice" / "stages" / "0-main"
-    twice = args("twice", "true" if placement == "colocated" else "false")
-    for stop_at in (3, 7):
+    twice = interrupted_args(tmp_path, tiny_model, "twice",
+                             "true" if placement == "colocated" else "false")
+    for stop_at in (2, 5):  # early: the run must still be going when the signal lands
         proc = subprocess.Popen([sys.executable, "-m", "rft_hpc.cli", *map(str, twice)],
                                 cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                 text=True)
@@ -198,9 +213,8 @@ def test_a_run_interrupted_twice_ends_with_the_weights_of_an_uninterrupted_one(
 
     from rft_hpc.sync.weight_files import load_weights
 
-    one = load_weights(tmp_path / "straight" / "stages" / "0-main" / "weights", 40)
-    two = load_weights(stage / "weights", 40)
-    diff = max(float((one[k] - two[k]).abs().max()) for k in one)
+    two = load_weights(stage / "weights", INTERRUPTED_STEPS)
+    diff = max(float((uninterrupted[k] - two[k]).abs().max()) for k in uninterrupted)
     print(f"final weights, uninterrupted split vs interrupted twice {placement}: "
           f"max |diff| {diff:.3g}")
     assert diff <= 1e-6

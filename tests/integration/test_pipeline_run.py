@@ -50,7 +50,9 @@ def stage(tmp_path_factory, tiny_model):
             "--set", "explorer.tasks_per_step=4", "--set", "trainer.batch_size=32",
             "--set", "trainer.steps=4", "--set", "eval.interval=0",
             "--set", "pipeline.tasksets.0.tasks.eval_size=16",
-            "--set", "pipeline.tasksets.1.tasks.eval_size=16"]
+            "--set", "pipeline.tasksets.1.tasks.eval_size=16",
+            # split: the explorer's process alone is requeued (colocated, both loops would be)
+            "--set", "launch.colocate=false"]
     proc = subprocess.Popen([sys.executable, "-m", "rft_hpc.cli", *map(str, args)], cwd=ROOT,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     stage = root / "pipeline" / "stages" / "0-main"
