@@ -24,6 +24,7 @@ SETTINGS = ("--set", "explorer.count=1", "--set", "sync.offset=0",
 """Strictly on-policy, one explorer step a batch, one thread: deterministic."""
 
 
+@pytest.mark.long  # ~1 min; the requeue path is the trainer job's, which CI's chaos cases run
 @pytest.mark.timeout(900)
 def test_a_requeued_colocated_job_ends_with_the_weights_of_an_uninterrupted_run(
         slurm_env: dict[str, str], tmp_path: Path, tiny_model: Path) -> None:
