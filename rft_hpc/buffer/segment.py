@@ -313,11 +313,17 @@ def _read_numeric(f: h5py.File, name: str, dtype: str, length: int | None) -> np
     return arr
 
 
+def unpack_strings(packed: np.ndarray) -> list[str]:
+    """A string dataset's values: UTF-8 strings, each followed by a NUL byte
+    (`segment_write._pack_strings`)."""
+    return packed[:-1].tobytes().decode("utf-8").split("\0")
+
+
 def _read_strings(f: h5py.File, name: str, n: int) -> list[str]:
     packed = _read_numeric(f, name, "|u1", None)
     if n and (not packed.size or packed[-1] != 0):
         raise BadContent(f"{name} does not end with a NUL byte")
-    values = packed[:-1].tobytes().decode("utf-8").split("\0") if n else []
+    values = unpack_strings(packed) if n else []
     if len(values) != n:
         raise BadContent(f"{name} holds {len(values)} strings, expected {n}")
     return values

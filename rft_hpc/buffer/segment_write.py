@@ -28,7 +28,13 @@ from h5py import h5a, h5d, h5g, h5p, h5s, h5t
 
 from rft_hpc import __version__
 from rft_hpc.buffer.records import Record
-from rft_hpc.buffer.segment import LIBVER, SCHEMA_VERSION, SCHEMAS, KindSchema
+from rft_hpc.buffer.segment import (
+    LIBVER,
+    SCHEMA_VERSION,
+    SCHEMAS,
+    KindSchema,
+    unpack_strings,
+)
 
 # Records at least this large per field are written from their own arrays; smaller ones
 # are first joined by numpy, which costs less than a Python check of each little array.
@@ -272,8 +278,7 @@ def _as_read(schema: KindSchema, cols: list[_Column]) -> dict[str, Any]:
     for col in cols:
         whole = col.parts[0] if len(col.parts) == 1 else np.concatenate(col.parts)
         if col.name in schema.strings:
-            out[col.name] = whole[:-1].tobytes().decode("utf-8").split("\0") if col.length \
-                else []
+            out[col.name] = unpack_strings(whole) if col.length else []
         else:
             out[col.name] = whole.astype(col.dtype, copy=False)
     return out

@@ -60,8 +60,7 @@ class MemoryHandover:
                     buffer[n].shape == t.shape and buffer[n].dtype == t.dtype
                     for n, t in state_dict.items()):
                 return buffer
-        return {n: torch.empty_like(t, device="cpu") if t.device.type == "cpu"
-                else torch.empty_like(t) for n, t in state_dict.items()}
+        return {n: torch.empty_like(t) for n, t in state_dict.items()}
 
     def newest(self) -> Version | None:
         """The newest version sent (its buffer is not written into while the caller holds

@@ -125,21 +125,26 @@ def scores_in_process(task: Task) -> bool:
     return not task.reward_terms and task.reward in IN_PROCESS_REWARDS
 
 
-def _score_here(task: Task, response: str) -> RewardOutcome:
+def _call(task: Task, response: str) -> tuple[str, float | str]:
+    """One reward call as a worker reports it: ("ok", score) or ("error", why); a reward
+    that raises is scored 0 and the caller goes on."""
     from rft_hpc.tasks.rewards import call_reward
 
     try:
-        return RewardOutcome(call_reward(task, response))
-    except Exception as exc:  # scored 0 with why, as a worker reports it
-        return RewardOutcome(error=_describe(exc))
+        return "ok", call_reward(task, response)
+    except (Exception, SystemExit) as exc:
+        return "error", _describe(exc)
+
+
+def _score_here(task: Task, response: str) -> RewardOutcome:
+    kind, value = _call(task, response)
+    return RewardOutcome(float(value)) if kind == "ok" else RewardOutcome(error=str(value))
 
 
 def _serve(conn: Connection) -> None:
     """A worker: score each call of a `[(task, response), ...]` message, replying once per
     call in order, until None or the pipe closes."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the explorer stops its workers itself
-    from rft_hpc.tasks.rewards import call_reward
-
     conn.send((-1, "ready", None))
     while True:
         try:
@@ -149,10 +154,7 @@ def _serve(conn: Connection) -> None:
         if message is None:
             return
         for task, response in message:
-            try:
-                conn.send((0, "ok", call_reward(task, response)))
-            except (Exception, SystemExit) as exc:  # reported, scored 0; the worker goes on
-                conn.send((0, "error", _describe(exc)))
+            conn.send((0, *_call(task, response)))
 
 
 class _Worker:
