@@ -96,6 +96,7 @@ class BufferReader:
         self.counters: Counter[str] = Counter()
         self._watch: FolderWatch | None = None
         self._later: dict[tuple[str, int], float] = {}  # unreadable for now -> when to retry
+        self._tapped: list[Path] = []  # taken from the segment tap, maybe not yet committed
         if state is not None:
             self._load_state(state)
         self._retry = ReadRetry(self.counters, retry)
@@ -124,10 +125,12 @@ class BufferReader:
     def changes(self) -> FolderWatch:
         """A watch on the buffer folder and its writers' folders (made on first use, kept
         up to date by `poll`): a waiter for new segments wakes as soon as one is committed
-        on this node (`core.watch`)."""
+        on this node (`core.watch`), or offered in this process (`segment_tap`)."""
         if self._watch is None:
             self._watch = FolderWatch(self.buffer_dir,
                                       *(self.buffer_dir / w for w in self._listed))
+            if segment_tap.enabled():  # a segment offered in memory wakes it too
+                segment_tap.wake_on_offer(self._watch)
         return self._watch
 
     def _first_look(self, writer: str) -> bool:
@@ -159,6 +162,11 @@ class BufferReader:
         if end is not None:
             return self._read_archive(writer, (start, end), start)
         path = self.buffer_dir / writer / segment_name(start)
+        offered = segment_tap.take(path)
+        if offered is not None:  # written in this process: its columns, maybe before the file
+            self._tapped.append(path)
+            self._next[writer] = offered.step_end
+            return self._add_segment(writer, offered)
         try:
             st = self._retry.read("segment", path, lambda: os.stat(path))
         except StillUnreadable as exc:
@@ -172,7 +180,7 @@ class BufferReader:
         if self._stuck.get(writer) == [start, st.st_size, st.st_mtime_ns]:
             return self._skip_if_superseded(writer, start)
         try:
-            seg = segment_tap.take(path) or read_segment(path, retry=self._retry)
+            seg = read_segment(path, retry=self._retry)
             if seg.step_start != start or seg.step_end <= start:
                 raise CorruptSegment(path, f"steps [{seg.step_start}, {seg.step_end}) do not "
                                            f"match its name")
@@ -382,7 +390,11 @@ class BufferReader:
     # -- cursor ------------------------------------------------------------------------
 
     def state_dict(self) -> dict[str, Any]:
-        """The reader's full position as JSON-serializable data (the cursor)."""
+        """The reader's full position as JSON-serializable data (the cursor); it waits until
+        every segment this reader took from the segment tap is committed, so that a
+        checkpoint of it never runs ahead of the files."""
+        segment_tap.wait_committed(self._tapped)
+        self._tapped.clear()
         return {
             "cursor_version": CURSOR_VERSION,
             "sampler": self.config.sampler.type,

@@ -243,10 +243,10 @@ def _dcpl() -> h5p.PropDCID:
 
 def write_segment_file(path: os.PathLike[str] | str, kind: str, records: Sequence[Record], *,
                        writer: str, step_start: int, step_end: int,
-                       columns: dict[str, Any] | None = None) -> int:
+                       offer: Callable[[dict[str, Any]], None] | None = None) -> int:
     """Write `records` as a complete segment file at `path` (not fsynced, not committed).
-    With `columns`, also fill it with the datasets as `segment.read_segment` would read
-    them back (`segment_tap`).
+    With `offer`, first call it with the datasets as `segment.read_segment` would read them
+    back (`segment_tap`).
 
     Returns the number of payload bytes written (sum of dataset sizes).
     """
@@ -257,6 +257,8 @@ def write_segment_file(path: os.PathLike[str] | str, kind: str, records: Sequenc
             raise ValueError(f"a {r.kind!r} record in a {kind!r} segment")
     schema = SCHEMAS[kind]
     cols = _sequence_columns(schema, records) + _record_columns(schema, records)
+    if offer is not None:
+        offer(_as_read(schema, cols))
     # The checksums are computed on a helper thread while this one writes the same bytes.
     crcs: list[int] = []
     wait = _beside(lambda: crcs.extend(_crc(c) for c in cols), sum(c.nbytes for c in cols))
@@ -267,8 +269,6 @@ def write_segment_file(path: os.PathLike[str] | str, kind: str, records: Sequenc
             "created": time.time(), "producer": f"rft-hpc {__version__}"})
     finally:
         wait()
-    if columns is not None:
-        columns.update(_as_read(schema, cols))
     return sum(c.nbytes for c in cols)
 
 

@@ -96,16 +96,18 @@ class SegmentWriter:
         start, end = self._written_step, self.next_step
         final = self.dir / segment_name(start)
         tmp = self.dir / f"{TEMP_PREFIX}{final.name}.{os.getpid()}"
+        offer = None
+        if segment_tap.enabled():  # a reader in this process takes it before the file
+            def offer(columns: dict[str, Any]) -> None:
+                segment_tap.offer(Segment(final, self.kind, self.writer, start, end, columns))
         try:
             # written whole again (same temporary name) after a transient error
-            columns: dict[str, Any] | None = {} if segment_tap.enabled() else None
             self.bytes_written += PROCESS_RETRY.write("segment", tmp, lambda: write_segment_file(
                 tmp, self.kind, self._pending, writer=self.writer, step_start=start,
-                step_end=end, columns=columns))
-            if columns is not None:  # a reader in this process takes it once committed
-                segment_tap.offer(Segment(final, self.kind, self.writer, start, end, columns))
+                step_end=end, offer=offer))
         except BaseException as exc:
             tmp.unlink(missing_ok=True)
+            segment_tap.failed(final, exc)
             raise_if_full(exc, final)  # a full disk: named with the segment (StorageFull)
             raise
         self._pending = []
@@ -121,10 +123,12 @@ class SegmentWriter:
     def _commit(self, tmp: Path, final: Path, end: int) -> None:
         try:
             commit_file(tmp, final, durable=self.durable)
-        except BaseException:
+        except BaseException as exc:
             tmp.unlink(missing_ok=True)
+            segment_tap.failed(final, exc)
             raise
         self.committed_step = end
+        segment_tap.committed(final)
 
     def wait(self) -> None:
         """Block until the segment being committed in the background is visible."""

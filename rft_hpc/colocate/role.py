@@ -12,8 +12,8 @@ or colocated. With `sync.offset: 0` the two loops take turns (strictly on-policy
 explorer waits for each version, the trainer for each step's records), with an offset
 they overlap. The newest version handed over is written as files at each checkpoint and at
 the end, so that a restarted process starts its engine where the saved one stood, and the
-trainer takes the explorer's committed segments without reading them back
-(`buffer.segment_tap`).
+trainer takes the explorer's segments as they are offered, before their files are written
+(`buffer.segment_tap`; a checkpoint waits for their commits).
 
 Their device work runs on one thread (`colocate.device`): on CPUs two threads computing at
 once halve each other's speed, and on one GPU the calls take turns anyway.
@@ -104,7 +104,7 @@ def run_colocated(stage_dir: Path) -> int:
     for role in ("trainer", f"explorer-{EXPLORER}"):  # each loop's lines in its own log too
         log_role_to(role, run.log(role))
     device = DeviceThread(set_threads(config.trainer.threads, config.trainer.cpus))
-    segment_tap.enable()  # the trainer takes the explorer's segments without a read
+    segment_tap.enable()  # the trainer takes the explorer's segments before their files
     torch.set_num_threads(1)  # this thread's compute goes to the device thread too
     stop = StopFlag()
     dist = init_distributed()

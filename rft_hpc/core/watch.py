@@ -9,11 +9,13 @@ job) is seen within a millisecond instead of half a poll interval later, and pol
 rare. inotify does not see changes made on other nodes of a parallel filesystem; there the
 wait simply ends at its timeout, as a plain poll would. A wake-up means "look now", never
 "something is there": the caller still polls, and a missed or spurious event costs at most
-one poll interval.
+one poll interval. A thread of the same process can also wake the waiter (`poke`: a writer
+that hands its data over in memory, `buffer.segment_tap`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import ctypes.util
 import errno
@@ -61,6 +63,8 @@ class FolderWatch:
     def __init__(self, *folders: str | os.PathLike[str]) -> None:
         self._fd = -1
         self._watched: set[str] = set()
+        self._pokes = self._poker = -1
+        self._pokes, self._poker = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         if not FolderWatch._looked:
             FolderWatch._libc, FolderWatch._looked = _libc(), True
         if FolderWatch._libc is not None:
@@ -88,23 +92,29 @@ class FolderWatch:
         self._watched.add(key)
         return True
 
+    def poke(self) -> None:
+        """Wake the waiter now, or end its next wait at once (from any thread)."""
+        with contextlib.suppress(OSError):  # full (already poked), or closed
+            os.write(self._poker, b"!")
+
     def wait(self, timeout: float) -> bool:
-        """Block until a watched folder changes or `timeout` seconds pass; True on a change.
-        Changes that happened since the last wait end it at once."""
-        if self._fd < 0 or not self._watched:
+        """Block until a watched folder changes, a `poke` or `timeout` seconds pass; True on
+        a change or a poke. Those since the last wait end it at once."""
+        if self._pokes < 0:
             time.sleep(max(0.0, timeout))
             return False
-        ready, _, _ = select.select([self._fd], [], [], max(0.0, timeout))
-        if not ready:
-            return False
-        self._drain()
-        return True
+        fds = [self._pokes, self._fd] if self.active else [self._pokes]
+        ready, _, _ = select.select(fds, [], [], max(0.0, timeout))
+        for fd in ready:
+            self._drain(fd)
+        return bool(ready)
 
-    def _drain(self) -> None:
+    @staticmethod
+    def _drain(fd: int) -> None:
         """Read away every queued event (they only say "look now")."""
         while True:
             try:
-                if not os.read(self._fd, 65536):
+                if not os.read(fd, 65536):
                     return
             except BlockingIOError:
                 return
@@ -114,11 +124,12 @@ class FolderWatch:
                 return
 
     def close(self) -> None:
-        """Release the kernel's watch (waits sleep afterwards)."""
-        if self._fd >= 0:
-            os.close(self._fd)
-            self._fd = -1
-            self._watched.clear()
+        """Release the kernel's watch and the pokes' pipe (waits sleep afterwards)."""
+        for fd in (self._fd, self._pokes, self._poker):
+            if fd >= 0:
+                os.close(fd)
+        self._fd = self._pokes = self._poker = -1
+        self._watched.clear()
 
     def __del__(self) -> None:
         self.close()

@@ -45,6 +45,7 @@ from rft_hpc.ledger.log import LedgerWriter
 from rft_hpc.monitor.metrics import MetricsWriter
 from rft_hpc.pipeline.explorer_side import ExplorerPipeline
 from rft_hpc.runtime.common import (
+    FRESH_BEAT_SECONDS,
     StopFlag,
     load_stage,
     read_heartbeat,
@@ -200,7 +201,8 @@ class ExplorerLoop:
                    and self.engine.version >= self.required_version(submitted)):
                 workflow.submit(self.step_tasks(submitted))
                 submitted += 1
-                self.beat("running")  # its steps_in_flight: what a restart would redo
+                if time.monotonic() - self.beaten >= FRESH_BEAT_SECONDS:
+                    self.beat("running")  # its steps_in_flight: what a restart would redo
             if not len(workflow):  # nothing in flight: the next step needs newer weights
                 if not follower.wait_for(self.required_version(submitted)):
                     break

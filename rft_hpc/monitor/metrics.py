@@ -5,8 +5,8 @@ appended whole in one write (a short write on a filling disk is cut off again an
 `StorageFull`), so a reader tailing the file never sees half a record and a restarted role
 continues the same file. TensorBoard gets one event per `log` holding every
 numeric value as a scalar tagged with its name (one event per value, as `add_scalar` writes
-them, cost a role ~1 ms a step for its ~30 metrics), flushed at once: its writer thread's
-failure (a full disk) surfaces in `log`, not as a queue that stops draining.
+them, cost a role ~1 ms a step for its ~30 metrics), appended in the caller's thread
+(`monitor.events_file`): a failure (a full disk) surfaces in `log`.
 """
 
 from __future__ import annotations
@@ -19,11 +19,14 @@ import os
 import time
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rft_hpc.core.retry import PROCESS_COUNTERS, PROCESS_RETRY, open_append
 from rft_hpc.core.rundir import make_dirs
-from rft_hpc.core.storage import append_whole, cut_torn_tail, naming_full, raise_if_full
+from rft_hpc.core.storage import StorageFull, append_whole, cut_torn_tail
+
+if TYPE_CHECKING:
+    from rft_hpc.monitor.events_file import EventsFile
 
 log = logging.getLogger(__name__)
 
@@ -37,14 +40,15 @@ class MetricsWriter:
         self._fd = open_append(self.path, flags=os.O_RDWR | os.O_APPEND | os.O_CREAT,
                                what="metrics")
         PROCESS_RETRY.read("metrics", self.path, lambda: cut_torn_tail(self._fd))
-        self._tb = None
         self.tb_dir = metrics_dir / "tb" / role
+        self._tb: EventsFile | None = None
         if tensorboard:
             from tensorboard.compat.proto.summary_pb2 import Summary
-            from torch.utils.tensorboard.writer import FileWriter
 
-            self._summary, self._tb_writer = Summary, FileWriter
-            self._tb = self._new_events()
+            from rft_hpc.monitor.events_file import EventsFile
+
+            self._summary, self._events_file = Summary, EventsFile
+            self._tb = EventsFile(self.tb_dir)
 
     def log(self, step: int, values: Mapping[str, Any]) -> None:
         """Record `values` at `step` (non-finite floats are written as null)."""
@@ -62,45 +66,29 @@ class MetricsWriter:
         append_whole(self._fd, (json.dumps(row) + "\n").encode("utf-8"), self.path)
 
     def _add_summary(self, summary: Any, step: int) -> None:
-        """Add to TensorBoard's events and flush them; a full disk stops the role
-        (`StorageFull`); after another I/O error (its writer thread reopens the file for every
-        flush, and stops at the first failure) go on in a new events file: the events of the
-        failed flush are lost, the JSON lines are not."""
+        """Append to TensorBoard's events; a full disk stops the role (`StorageFull`); after
+        another I/O error go on in a new events file (that event is lost, the JSON lines are
+        not)."""
+        assert self._tb is not None
         try:
-            self._tb.add_summary(summary, step)
-            self._tb.flush()
+            self._tb.add(summary, step)
             return
-        except Exception as exc:
-            raise_if_full(exc, self.tb_dir)
-            if not isinstance(exc, OSError):
-                raise
+        except StorageFull:
+            raise
+        except OSError as exc:
             log.warning("TensorBoard events of %s: %s; going on in a new events file",
                         self.path.stem, exc)
         PROCESS_COUNTERS["io_retries"] += 1
         with contextlib.suppress(OSError):
             self._tb.close()
-        self._tb = self._new_events()
-        self._tb.add_summary(summary, step)
-
-    def _new_events(self) -> Any:
-        """A TensorBoard writer of a new events file (made again after a transient error:
-        it writes the file's first event at once)."""
-        with naming_full(self.tb_dir):
-            return PROCESS_RETRY.write("TensorBoard events", self.tb_dir,
-                                       lambda: self._tb_writer(str(self.tb_dir)))
+        self._tb = self._events_file(self.tb_dir)
 
     def close(self) -> None:
-        """Close the JSON lines file and TensorBoard's events (a full disk that kept the last
-        events from being written is raised after both are closed; another error loses
-        those events at worst)."""
+        """Close the JSON lines file and TensorBoard's events (every line and event is
+        written by then)."""
         os.close(self._fd)
         if self._tb is not None:
-            try:
-                self._tb.close()
-            except Exception as exc:
-                raise_if_full(exc, self.tb_dir)
-                if not isinstance(exc, OSError):
-                    raise
+            self._tb.close()
 
 
 class MetricsTail:

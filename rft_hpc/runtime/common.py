@@ -95,6 +95,14 @@ class StopFlag:
         return bool(self)
 
 
+FRESH_BEAT_SECONDS = 0.25
+"""An explorer's heartbeat younger than this is fresh enough to show what it has in flight
+(`rft-hpc status`): the beat after a submit is skipped within it (the beat after each
+written step is not). Each beat replaces a file, ~1 ms between a version's arrival and its
+generation, on the critical path of a colocated loop whose steps take tens of
+milliseconds (docs/colocated.md)."""
+
+
 def write_heartbeat(run: RunDir, role: str, **fields: JSONValue) -> None:
     """Replace `state/<role>.json` with the role's current state and the time (and, in a
     Slurm job, how many times Slurm has restarted it)."""

@@ -196,9 +196,10 @@ def test_a_run_interrupted_twice_ends_with_the_weights_of_an_uninterrupted_one(
                                 cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                 text=True)
 
-        def reached(step=stop_at):
+        def reached(step=stop_at):  # in this process: the last one's heartbeat says stopped
             try:
-                return json.loads((stage / "state" / "trainer.json").read_text())["step"] >= step
+                beat = json.loads((stage / "state" / "trainer.json").read_text())
+                return beat["status"] == "running" and beat["step"] >= step
             except (OSError, ValueError, KeyError):
                 return False
 
