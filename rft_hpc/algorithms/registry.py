@@ -13,7 +13,7 @@ from collections.abc import Callable
 
 import torch
 
-from rft_hpc.algorithms import advantages, policy_losses
+from rft_hpc.algorithms import advantages, policy_losses, ratio_losses
 from rft_hpc.algorithms.advantages import AdvantageBatch, Advantages
 from rft_hpc.algorithms.policy_losses import PolicyLossInputs
 from rft_hpc.core.plugins import register, resolve
@@ -39,6 +39,11 @@ POLICY_LOSSES: dict[str, PolicyLossFn] = {
     "sft": policy_losses.sft_policy_loss,
     "dpo": policy_losses.dpo_loss,
     "mix": policy_losses.mix_policy_loss,
+    "gspo": ratio_losses.gspo_policy_loss,
+    "cispo": ratio_losses.cispo_policy_loss,
+    "sapo": ratio_losses.sapo_policy_loss,
+    "clip_cov": ratio_losses.clip_cov_policy_loss,
+    "kl_cov": ratio_losses.kl_cov_policy_loss,
 }
 
 

@@ -15,7 +15,11 @@ from pydantic import Field, model_validator
 from rft_hpc.core.config_section import ConfigSection
 
 AlgorithmType = Literal["grpo", "ppo", "rloo", "reinforceplusplus", "opmd", "sft", "dpo", "mix",
-                        "reward_model"]
+                        "reward_model", "gspo", "dr_grpo", "cispo", "sapo", "clip_cov",
+                        "kl_cov"]
+GROUP_ADVANTAGE_TYPES = ("grpo", "rloo", "opmd", "mix", "gspo", "dr_grpo", "cispo", "sapo",
+                         "clip_cov", "kl_cov")
+"""The presets whose advantages compare the rollouts of one task (`explorer.repeat` >= 2)."""
 KLFn = Literal["none", "k1", "k2", "k3", "low_var_kl", "abs"]
 LossAggModeName = Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean",
                           "seq-mean-token-sum-norm"]
@@ -70,9 +74,13 @@ class AlgorithmConfig(ConfigSection):
     algorithm_type: AlgorithmType = "grpo"
     """The preset: `grpo`, `ppo` (GAE with a critic), `rloo`, `reinforceplusplus`, `opmd`,
     `sft`, `dpo` (pairs from the buffer, against the frozen starting policy), `mix` (GRPO
-    on rollouts plus SFT on expert samples of the same batch) or `reward_model` (a scalar
+    on rollouts plus SFT on expert samples of the same batch), `reward_model` (a scalar
     head on the model trained on preference pairs with the Bradley-Terry loss,
-    docs/reward-models.md). A stage that sets it starts from that preset's defaults."""
+    docs/reward-models.md), or GRPO's advantages with another paper's loss: `gspo`
+    (sequence-level ratio), `dr_grpo` (no std division, constant-length sums), `cispo`
+    (clipped, detached importance weights), `sapo` (a soft gate for the clip), `clip_cov`
+    and `kl_cov` (covariance-selected tokens cut or KL-penalised); docs/algorithms.md. A
+    stage that sets it starts from that preset's defaults."""
 
     advantage_fn: str | None = None
     """Advantage function (`grpo`, `ppo`/`gae`, `rloo`, `reinforceplusplus`, `opmd`, or

@@ -15,6 +15,7 @@ from pathlib import Path
 import yaml
 from pydantic import ValidationError
 
+from rft_hpc.config.algorithm import GROUP_ADVANTAGE_TYPES
 from rft_hpc.config.errors import ConfigError, Problem
 from rft_hpc.config.explain import Key, describe, dotted, explain
 from rft_hpc.config.placement import colocate_refusals
@@ -293,7 +294,7 @@ def _grpo_needs_groups(config: ExperimentConfig) -> Iterator[tuple[tuple[Key, ..
     for index, (_, stage) in enumerate(config.stage_configs()):
         where: tuple[Key, ...] = ("stages", index) if config.stages else ()
         algorithm = stage.algorithm.algorithm_type
-        if stage.mode == "both" and algorithm in ("grpo", "rloo", "opmd", "mix") \
+        if stage.mode == "both" and algorithm in GROUP_ADVANTAGE_TYPES \
                 and stage.explorer.repeat < 2:
             yield (*where, "explorer", "repeat"), (
                 f"{algorithm} compares the rollouts of one task with each other, so it needs "

@@ -27,8 +27,26 @@ PRESETS: dict[str, tuple[str | None, str]] = {
     "sft": (None, "sft"),
     "dpo": (None, "dpo"),
     "mix": ("grpo", "mix"),
+    # GRPO's group advantages with each paper's loss (docs/algorithms.md)
+    "gspo": ("grpo", "gspo"),
+    "dr_grpo": ("grpo", "ppo"),
+    "cispo": ("grpo", "cispo"),
+    "sapo": ("grpo", "sapo"),
+    "clip_cov": ("grpo", "clip_cov"),
+    "kl_cov": ("grpo", "kl_cov"),
 }
 """The advantage function (None: none) and policy loss of each `algorithm_type`."""
+
+PRESET_DEFAULTS: dict[str, dict[str, Any]] = {
+    "gspo": {"loss_agg_mode": "seq-mean-token-mean"},
+    # Dr. GRPO (Liu et al. 2025): no division by the group's std, and each response's token
+    # sum over a constant length instead of its own length
+    "dr_grpo": {"advantage_fn_args": {"std_normalize": False},
+                "loss_agg_mode": "seq-mean-token-sum-norm"},
+    "sapo": {"loss_agg_mode": "seq-mean-token-mean"},
+}
+"""What a preset sets unless the config says otherwise: its paper's aggregation
+(`loss_agg_mode`) and advantage arguments (merged under the config's own)."""
 
 DEFAULT_KL_COEF = 0.001
 DEFAULT_ENTROPY_COEF = 0.001
@@ -56,6 +74,10 @@ class AlgorithmPlan:
     """Off-policy correction of the policy loss (`algorithms.off_policy`)."""
     correction_window: int = 1
     """Versions of its own weights the trainer keeps for the correction's log-probs."""
+    norm_tokens: float | None = None
+    """The constant of `seq-mean-token-sum-norm` (`LossNorm.max_tokens`): the most trained
+    tokens a rollout can have (`explorer.max_new_tokens`, times `max_turns` of a multi-turn
+    workflow), so that the loss's scale is the same from batch to batch."""
 
     @property
     def is_rl(self) -> bool:
@@ -73,16 +95,20 @@ class AlgorithmPlan:
         arguments the chosen functions do not take)."""
         alg = config.algorithm
         adv_name, loss_name = PRESETS[alg.algorithm_type]
+        preset = PRESET_DEFAULTS.get(alg.algorithm_type, {})
         if alg.algorithm_type not in ("sft", "dpo") and alg.advantage_fn is not None:
             adv_name = alg.advantage_fn
         loss_name = alg.policy_loss_fn or loss_name
-        adv_args = dict(alg.advantage_fn_args)
+        adv_args = {**preset.get("advantage_fn_args", {}), **alg.advantage_fn_args} \
+            if alg.advantage_fn is None else dict(alg.advantage_fn_args)
         if adv_name is not None:
             _check_args(resolve_advantage(adv_name), adv_args, "advantage_fn", skip=1)
+        agg = alg.loss_agg_mode if "loss_agg_mode" in alg.model_fields_set \
+            else preset.get("loss_agg_mode", alg.loss_agg_mode)
         loss_fn = resolve_policy_loss(loss_name)
         loss_args = dict(alg.policy_loss_fn_args)
         if "loss_agg_mode" in _parameters(loss_fn):
-            loss_args["loss_agg_mode"] = alg.loss_agg_mode
+            loss_args["loss_agg_mode"] = agg
         _check_args(loss_fn, loss_args, "policy_loss_fn", skip=1)
         kl_loss, kl_loss_coef = None, 0.0
         if alg.kl_loss_fn != "none":
@@ -110,12 +136,19 @@ class AlgorithmPlan:
                             "correction.type none)")
         return cls(type=alg.algorithm_type, advantage_fn=adv_name, advantage_args=adv_args,
                    policy_loss_fn=loss_name, policy_loss_args=loss_args,
-                   loss_agg_mode=alg.loss_agg_mode, kl_penalty=kl_penalty,
+                   loss_agg_mode=agg, kl_penalty=kl_penalty,
                    kl_penalty_coef=kl_penalty_coef, kl_loss=kl_loss, kl_loss_coef=kl_loss_coef,
                    entropy_coef=entropy,
                    critic_lr=(alg.critic_lr or config.trainer.lr) if critic else None,
                    cliprange_value=alg.cliprange_value, correction=correction,
-                   correction_window=_version_window(config))
+                   correction_window=_version_window(config),
+                   norm_tokens=_norm_tokens(config))
+
+
+def _norm_tokens(config: ExperimentConfig) -> float:
+    """The most trained tokens one rollout can have (`AlgorithmPlan.norm_tokens`)."""
+    turns = getattr(config.explorer.workflow, "max_turns", 1)
+    return float(config.explorer.max_new_tokens * turns)
 
 
 def _version_window(config: ExperimentConfig) -> int:

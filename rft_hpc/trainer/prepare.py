@@ -121,7 +121,7 @@ class BatchPreparer:
         if self.versions is not None and version is not None:
             self.versions.remember(version)  # before this step changes the weights
         return shard_batch(batch, world_size, advantages=advantages, rows=rows,
-                           num_tokens=num_tokens, norm=LossNorm.of(rl_mask),
+                           num_tokens=num_tokens, norm=LossNorm.of(rl_mask, plan.norm_tokens),
                            expert_norm=LossNorm.of(mask[expert]) if bool(expert.any()) else None,
                            metrics=metrics)
 

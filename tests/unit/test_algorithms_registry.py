@@ -54,7 +54,8 @@ def test_trinity_names_are_registered():
     assert resolve_advantage("ppo") is gae
     assert {"ppo", "grpo", "rloo", "reinforceplusplus", "opmd"} <= set(ADVANTAGES)
     assert resolve_policy_loss("ppo") is ppo_policy_loss
-    assert set(POLICY_LOSSES) == {"ppo", "opmd", "sft", "dpo", "mix"}
+    assert set(POLICY_LOSSES) == {"ppo", "opmd", "sft", "dpo", "mix", "gspo", "cispo", "sapo",
+                                  "clip_cov", "kl_cov"}
 
 
 def test_plugins_by_import_path(plugin):
@@ -75,7 +76,8 @@ def test_plugins_by_import_path(plugin):
 
 def test_unknown_names_list_the_known_ones():
     with pytest.raises(UserError, match="unknown policy loss 'ppo2'; registered: "
-                                        "dpo, mix, opmd, ppo, sft"):
+                                        "cispo, clip_cov, dpo, gspo, kl_cov, mix, opmd, ppo, "
+                                        "sapo, sft"):
         resolve_policy_loss("ppo2")
     with pytest.raises(UserError, match=r"unknown advantage function 'grp'; registered: .*grpo"):
         resolve_advantage("grp")

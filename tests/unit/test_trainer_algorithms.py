@@ -136,3 +136,45 @@ def test_mix_trains_rollouts_and_expert_rows_in_one_batch(tmp_path, tiny_model):
     assert {"usual/pg_loss", "expert/sft_loss", "reward_mean"} <= set(values)
     assert values["loss"] == pytest.approx(0.5 * values["usual/pg_loss"]
                                            + 0.5 * values["expert/sft_loss"], abs=1e-6)
+
+
+def test_the_papers_presets_set_their_aggregation_and_advantage_arguments(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text("algorithm: {algorithm_type: dr_grpo}\nexplorer: {max_new_tokens: 7}\n")
+    plan = AlgorithmPlan.of(load_config(path))
+    assert (plan.advantage_fn, plan.policy_loss_fn) == ("grpo", "ppo")
+    assert plan.advantage_args == {"std_normalize": False}  # Dr. GRPO: no std division
+    assert plan.loss_agg_mode == "seq-mean-token-sum-norm" and plan.norm_tokens == 7.0
+    # what the config says wins over the preset's
+    path.write_text("algorithm: {algorithm_type: dr_grpo, loss_agg_mode: token-mean, "
+                    "advantage_fn_args: {epsilon: 0.01}}\n")
+    plan = AlgorithmPlan.of(load_config(path))
+    assert plan.advantage_args == {"std_normalize": False, "epsilon": 0.01}
+    assert plan.loss_agg_mode == "token-mean"
+    for kind, loss, agg in [("gspo", "gspo", "seq-mean-token-mean"),
+                            ("sapo", "sapo", "seq-mean-token-mean"),
+                            ("cispo", "cispo", "token-mean"),
+                            ("clip_cov", "clip_cov", "token-mean"),
+                            ("kl_cov", "kl_cov", "token-mean")]:
+        path.write_text(f"algorithm: {{algorithm_type: {kind}}}\n")
+        plan = AlgorithmPlan.of(load_config(path))
+        assert (plan.advantage_fn, plan.policy_loss_fn, plan.loss_agg_mode) == \
+            ("grpo", loss, agg), kind
+        assert plan.policy_loss_args["loss_agg_mode"] == agg
+    path.write_text("algorithm: {algorithm_type: gspo}\nexplorer: {repeat: 1}\n")
+    with pytest.raises(Exception, match="repeat >= 2"):
+        load_config(path)
+
+
+@pytest.mark.parametrize(("kind", "metric"), [
+    ("gspo", "seq_ratio_mean"), ("dr_grpo", "clip_fraction"), ("cispo", "clip_fraction"),
+    ("sapo", "gate_mean"), ("clip_cov", "cov_clip_fraction"), ("kl_cov", "kl_cov_fraction")])
+def test_each_papers_preset_trains_a_step_in_the_trainer(tmp_path, tiny_model, kind, metric):
+    config = load_config(config_file(tmp_path, tiny_model, algorithm={"algorithm_type": kind}))
+    trainer = Trainer(config)
+    train, _ = build_tasks(config.tasks, 0)
+    before = [p.detach().clone() for p in trainer.model.parameters()]
+    values = trainer.step(rollouts(trainer, train[:4]))
+    assert metric in values and torch.isfinite(torch.tensor(values["loss"]))
+    assert any(not torch.equal(a, b) for a, b in zip(before, trainer.model.parameters(),
+                                                     strict=True))
