@@ -13,7 +13,7 @@ from collections.abc import Callable
 
 import torch
 
-from rft_hpc.algorithms import advantages, policy_losses, ratio_losses
+from rft_hpc.algorithms import advantages, policy_losses, preference_losses, ratio_losses
 from rft_hpc.algorithms.advantages import AdvantageBatch, Advantages
 from rft_hpc.algorithms.policy_losses import PolicyLossInputs
 from rft_hpc.core.plugins import register, resolve
@@ -44,7 +44,12 @@ POLICY_LOSSES: dict[str, PolicyLossFn] = {
     "sapo": ratio_losses.sapo_policy_loss,
     "clip_cov": ratio_losses.clip_cov_policy_loss,
     "kl_cov": ratio_losses.kl_cov_policy_loss,
+    "simpo": preference_losses.simpo_loss,
+    "orpo": preference_losses.orpo_loss,
 }
+
+PAIR_LOSSES = frozenset({"dpo", "simpo", "orpo"})
+"""The losses that train on preference pairs (rows interleaved chosen, rejected)."""
 
 
 def register_advantage(name: str) -> Callable[[AdvantageFn], AdvantageFn]:

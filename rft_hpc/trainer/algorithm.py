@@ -34,6 +34,9 @@ PRESETS: dict[str, tuple[str | None, str]] = {
     "sapo": ("grpo", "sapo"),
     "clip_cov": ("grpo", "clip_cov"),
     "kl_cov": ("grpo", "kl_cov"),
+    # offline preference losses without a reference model
+    "simpo": (None, "simpo"),
+    "orpo": (None, "orpo"),
 }
 """The advantage function (None: none) and policy loss of each `algorithm_type`."""
 
@@ -96,7 +99,7 @@ class AlgorithmPlan:
         alg = config.algorithm
         adv_name, loss_name = PRESETS[alg.algorithm_type]
         preset = PRESET_DEFAULTS.get(alg.algorithm_type, {})
-        if alg.algorithm_type not in ("sft", "dpo") and alg.advantage_fn is not None:
+        if adv_name is not None and alg.advantage_fn is not None:
             adv_name = alg.advantage_fn
         loss_name = alg.policy_loss_fn or loss_name
         adv_args = {**preset.get("advantage_fn_args", {}), **alg.advantage_fn_args} \

@@ -17,7 +17,7 @@ from rft_hpc.algorithms.advantages import AdvantageBatch
 from rft_hpc.algorithms.aggregation import LossNorm, masked_mean
 from rft_hpc.algorithms.kl import kl_reward_penalty
 from rft_hpc.algorithms.off_policy import correction_weights
-from rft_hpc.algorithms.registry import compute_advantages
+from rft_hpc.algorithms.registry import PAIR_LOSSES, compute_advantages
 from rft_hpc.algorithms.value import ValueHeadModel
 from rft_hpc.batch.logprobs import token_logprobs
 from rft_hpc.batch.tokens import TokenBatch, collate, collate_dpo
@@ -32,10 +32,11 @@ from rft_hpc.trainer.versions import PolicyVersions
 def collate_for(plan: AlgorithmPlan, records: Sequence[Record], pad_id: int) -> TokenBatch:
     """The records as the plan's loss reads them: DPO pairs as two rows each, else one row
     per record; refuses records the algorithm cannot train on."""
-    if plan.type == "dpo" or plan.policy_loss_fn == "dpo":
+    if plan.type == "dpo" or plan.policy_loss_fn in PAIR_LOSSES:
         if not all(isinstance(r, DPOPair) for r in records):
-            raise UserError("dpo trains on preference pairs; the buffer holds other records "
-                            "(import pairs with `rft-hpc buffer import --kind dpo`)")
+            raise UserError(f"{plan.policy_loss_fn} trains on preference pairs; the buffer "
+                            "holds other records (import pairs with `rft-hpc buffer import "
+                            "--kind dpo`)")
         return collate_dpo(records, pad_id=pad_id)  # type: ignore[arg-type]
     if any(isinstance(r, DPOPair) for r in records):
         raise UserError(f"{plan.type} cannot train on DPO pairs found in the buffer")

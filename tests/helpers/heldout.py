@@ -80,3 +80,20 @@ def heldout_dpo_loss(model: torch.nn.Module, reference: torch.nn.Module, tokeniz
 def _pad(tokenizer: Any) -> int:
     pad = tokenizer.pad_token_id
     return int(tokenizer.eos_token_id if pad is None else pad)
+
+
+def heldout_margin(model: torch.nn.Module, tokenizer: Any, tasks: Sequence[Task], *,
+                   seed: int = 0) -> float:
+    """The mean over pairs made from `tasks` (the answer chosen over a wrong one,
+    `buffer.offline.task_records`) of the chosen response's mean log-prob per token minus
+    the rejected one's: the margin SimPO and ORPO widen."""
+    pairs = task_records(tasks, tokenizer, "dpo", seed)
+    tb = collate_dpo(pairs, pad_id=_pad(tokenizer))  # type: ignore[arg-type]
+    was_training = model.training
+    model.eval()
+    try:
+        sums, counts = _sequence_logps(model, tb, 256, 1.0)
+    finally:
+        model.train(was_training)
+    mean = sums / counts.clamp(min=1.0)
+    return float((mean[0::2] - mean[1::2]).mean())

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-from helpers.heldout import heldout_dpo_loss, heldout_sft_loss
+from helpers.heldout import heldout_dpo_loss, heldout_margin, heldout_sft_loss
 
 from rft_hpc.buffer.offline import task_records
 from rft_hpc.buffer.reader import Batch
@@ -63,7 +63,8 @@ def test_plan_fills_presets_defaults_and_checks_arguments(tmp_path):
         AlgorithmPlan.of(load_config(path))
 
 
-@pytest.mark.parametrize(("kind", "measure"), [("dpo", "dpo"), ("sft", "sft")])
+@pytest.mark.parametrize(("kind", "measure"), [("dpo", "dpo"), ("sft", "sft"),
+                                               ("simpo", "margin"), ("orpo", "margin")])
 def test_offline_steps_lower_the_held_out_loss(tmp_path, tiny_model, kind, measure):
     config = load_config(config_file(tmp_path, tiny_model, mode="train",
                                      algorithm={"algorithm_type": kind},
@@ -71,12 +72,15 @@ def test_offline_steps_lower_the_held_out_loss(tmp_path, tiny_model, kind, measu
     torch.manual_seed(0)
     trainer = Trainer(config)
     train, held_out = build_tasks(config.tasks, config.run.seed)
-    records = task_records(train, trainer.tokenizer, kind, seed=1)
+    records = task_records(train, trainer.tokenizer, "sft" if kind == "sft" else "dpo", seed=1)
     reference = trainer.reference if kind == "dpo" else None
+    assert (reference is None) == (kind != "dpo")  # SimPO and ORPO need no reference model
 
     def loss() -> float:
         if measure == "dpo":
             return heldout_dpo_loss(trainer.model, reference, trainer.tokenizer, held_out)
+        if measure == "margin":  # the chosen response's margin, negated: lower is better
+            return -heldout_margin(trainer.model, trainer.tokenizer, held_out)
         return heldout_sft_loss(trainer.model, trainer.tokenizer, held_out)
 
     before = loss()
