@@ -77,7 +77,7 @@ def test_plugins_by_import_path(plugin):
 def test_unknown_names_list_the_known_ones():
     with pytest.raises(UserError, match="unknown policy loss 'ppo2'; registered: "
                                         "cispo, clip_cov, dpo, gspo, kl_cov, mix, opmd, orpo, "
-                                        "ppo, sapo, simpo, sft"):
+                                        "ppo, sapo, sft, simpo"):
         resolve_policy_loss("ppo2")
     with pytest.raises(UserError, match=r"unknown advantage function 'grp'; registered: .*grpo"):
         resolve_advantage("grp")
