@@ -161,7 +161,8 @@ class ExplorerLoop:
 
     def __init__(self, config: ExperimentConfig, run: RunDir, index: int, *,
                  workflow: Workflow, writer: SegmentWriter, pipeline: ExplorerPipeline,
-                 follower: WeightFollower, clock: JobClock, stop: StopFlag) -> None:
+                 follower: WeightFollower, clock: JobClock, stop: StopFlag,
+                 colocated: bool = False) -> None:
         self.config, self.run, self.index = config, run, index
         self.role = f"explorer-{index}"
         self.workflow, self.writer, self.pipeline = workflow, writer, pipeline
@@ -177,6 +178,9 @@ class ExplorerLoop:
         self.started, self.start_step = time.time(), self.step
         self.beaten = 0.0
         """When the heartbeat was last replaced (monotonic)."""
+        self.submit_beat_gap = FRESH_BEAT_SECONDS if colocated else 0.0
+        """Colocated, taking turns with the trainer, the beat after a submit is on the
+        loop's critical path: it is skipped within this many seconds of the last."""
 
     def step_tasks(self, step: int) -> StepTasks:
         """Step `step`'s tasks and sampling: the same after any restart."""
@@ -201,7 +205,7 @@ class ExplorerLoop:
                    and self.engine.version >= self.required_version(submitted)):
                 workflow.submit(self.step_tasks(submitted))
                 submitted += 1
-                if time.monotonic() - self.beaten >= FRESH_BEAT_SECONDS:
+                if time.monotonic() - self.beaten >= self.submit_beat_gap:
                     self.beat("running")  # its steps_in_flight: what a restart would redo
             if not len(workflow):  # nothing in flight: the next step needs newer weights
                 if not follower.wait_for(self.required_version(submitted)):
@@ -360,7 +364,8 @@ def explore_stage(config: ExperimentConfig, run: RunDir, index: int, stop: StopF
                                   files_once=colocated)
         try:
             loop = ExplorerLoop(config, run, index, workflow=workflow, writer=writer,
-                                pipeline=pipeline, follower=follower, clock=clock, stop=stop)
+                                pipeline=pipeline, follower=follower, clock=clock, stop=stop,
+                                colocated=colocated)
             parts.callback(loop.close)
             log.info("starting at step %d of %d (weights version %s)", loop.step, loop.total,
                      loop.engine.version)

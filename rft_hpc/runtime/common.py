@@ -96,11 +96,12 @@ class StopFlag:
 
 
 FRESH_BEAT_SECONDS = 0.25
-"""An explorer's heartbeat younger than this is fresh enough to show what it has in flight
-(`rft-hpc status`): the beat after a submit is skipped within it (the beat after each
-written step is not). Each beat replaces a file, ~1 ms between a version's arrival and its
-generation, on the critical path of a colocated loop whose steps take tens of
-milliseconds (docs/colocated.md)."""
+"""A colocated explorer's heartbeat younger than this is fresh enough to show what it has
+in flight (`rft-hpc status`): the beat after a submit is skipped within it (the beat after
+each written step is not). Each beat replaces a file, ~1 ms between a version's arrival and
+its generation, on the critical path of a colocated loop whose steps take tens of
+milliseconds (docs/colocated.md). A split explorer beats after every submit: a watcher
+(the chaos tests) may wait for a step in flight between two written steps."""
 
 
 def write_heartbeat(run: RunDir, role: str, **fields: JSONValue) -> None:

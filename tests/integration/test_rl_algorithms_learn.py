@@ -55,6 +55,12 @@ ALGORITHMS = {
     "mix": ("mix.yaml", ("data={source: tasks, kind: sft, taskset: expert}",
                          "buffer.sampler={type: mixture, weights: {arith2: 4, expert: 1}}"),
             "expert/sft_loss"),
+    # GRPO's advantages with each paper's loss (docs/algorithms.md): grpo.yaml's stage with
+    # the preset
+    **{kind: ("grpo.yaml", (f"algorithm={{algorithm_type: {kind}}}",), metric)
+       for kind, metric in (("gspo", "seq_ratio_mean"), ("dr_grpo", "clip_fraction"),
+                            ("cispo", "clip_fraction"), ("sapo", "gate_mean"),
+                            ("clip_cov", "cov_clip_fraction"), ("kl_cov", "kl_cov_fraction"))},
 }
 
 
