@@ -33,6 +33,7 @@ class AdvantageBatch:
     group_ids: torch.Tensor | None = None  # [B] records of one task share an id (GRPO...)
     values: torch.Tensor | None = None  # [B, T] critic values V(s_j) at each position (GAE)
     kl_penalty: torch.Tensor | None = None  # [B, T] per-token penalty (kl_reward_penalty)
+    baselines: torch.Tensor | None = None  # [B] ReMax: the greedy response's reward per record
 
     def scores(self) -> torch.Tensor:
         """Each record's score [B] float64: its reward minus its summed KL penalty."""
@@ -142,6 +143,18 @@ def rloo(batch: AdvantageBatch) -> Advantages:
     n = groups.count[groups.index]
     others = (groups.sum(r)[groups.index] - r) / (n - 1).clamp(min=1.0)
     return _per_token(torch.where(n > 1, r - others, r), batch.mask)
+
+
+def remax(batch: AdvantageBatch) -> Advantages:
+    """ReMax (Li et al. 2024, "ReMax: A Simple, Effective, and Efficient Reinforcement
+    Learning Method for Aligning Large Language Models", arXiv:2310.10505): each score minus
+    the reward of the greedy response to the same prompt, `r_i - r(greedy)`, on every trained
+    token; no normalisation. The explorer generates and scores the greedy response of each
+    group when the algorithm is `remax` (`AdvantageBatch.baselines`)."""
+    if batch.baselines is None:
+        raise ValueError("the remax advantage needs baselines: the reward of the greedy "
+                         "response to each record's prompt")
+    return _per_token(batch.scores() - batch.baselines.detach().to(torch.float64), batch.mask)
 
 
 def opmd(batch: AdvantageBatch, *, opmd_baseline: Literal["mean", "logavgexp"] = "mean",

@@ -31,6 +31,7 @@ ADVANTAGES: dict[str, AdvantageFn] = {
     "reinforceplusplus": advantages.reinforce_plus_plus,  # Trinity-RFT's spelling
     "reinforce_plus_plus": advantages.reinforce_plus_plus,  # verl's
     "opmd": advantages.opmd,
+    "remax": advantages.remax,
 }
 
 POLICY_LOSSES: dict[str, PolicyLossFn] = {

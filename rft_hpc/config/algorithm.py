@@ -16,7 +16,7 @@ from rft_hpc.core.config_section import ConfigSection
 
 AlgorithmType = Literal["grpo", "ppo", "rloo", "reinforceplusplus", "opmd", "sft", "dpo", "mix",
                         "reward_model", "gspo", "dr_grpo", "cispo", "sapo", "clip_cov",
-                        "kl_cov", "simpo", "orpo"]
+                        "kl_cov", "simpo", "orpo", "remax"]
 GROUP_ADVANTAGE_TYPES = ("grpo", "rloo", "opmd", "mix", "gspo", "dr_grpo", "cispo", "sapo",
                          "clip_cov", "kl_cov")
 """The presets whose advantages compare the rollouts of one task (`explorer.repeat` >= 2)."""
@@ -80,8 +80,9 @@ class AlgorithmConfig(ConfigSection):
     (sequence-level ratio), `dr_grpo` (no std division, constant-length sums), `cispo`
     (clipped, detached importance weights), `sapo` (a soft gate for the clip), `clip_cov`
     and `kl_cov` (covariance-selected tokens cut or KL-penalised); or, on preference pairs
-    without a reference model, `simpo` and `orpo`; docs/algorithms.md. A stage that sets it
-    starts from that preset's defaults."""
+    without a reference model, `simpo` and `orpo`; or `remax` (each reward minus that of the
+    greedy response to the same prompt, which the explorer generates); docs/algorithms.md.
+    A stage that sets it starts from that preset's defaults."""
 
     advantage_fn: str | None = None
     """Advantage function (`grpo`, `ppo`/`gae`, `rloo`, `reinforceplusplus`, `opmd`, or
@@ -136,3 +137,8 @@ class AlgorithmConfig(ConfigSection):
     """Clip range of the PPO critic's value loss around its earlier predictions; null: no
     clipping."""
 
+    def uses_greedy_baseline(self) -> bool:
+        """Whether the advantage is ReMax's, whose baseline is the reward of a greedy response
+        to each prompt: the explorer then generates and scores one per group."""
+        name = self.advantage_fn or ("remax" if self.algorithm_type == "remax" else None)
+        return name == "remax"

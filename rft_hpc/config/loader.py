@@ -313,6 +313,17 @@ def _dynamic_sampling_is_single_turn(config: ExperimentConfig,
                 "over_rollout there, or a reward_std_filter in pipeline.experience_filters")
 
 
+def _remax_is_single_turn(config: ExperimentConfig) -> Iterator[tuple[tuple[Key, ...], str]]:
+    for index, (_, stage) in enumerate(config.stage_configs()):
+        where: tuple[Key, ...] = ("stages", index) if config.stages else ()
+        if stage.mode == "both" and stage.algorithm.uses_greedy_baseline() \
+                and stage.explorer.workflow.type != "single_turn":
+            yield (*where, "explorer", "workflow", "type"), (
+                "remax's baseline is the reward of one greedy response per prompt, which the "
+                f"single-turn workflow generates; the {stage.explorer.workflow.type} workflow "
+                "does not")
+
+
 def _reward_model_trains_on_pairs(config: ExperimentConfig,
                                   ) -> Iterator[tuple[tuple[Key, ...], str]]:
     for index, (_, stage) in enumerate(config.stage_configs()):
@@ -364,6 +375,7 @@ CHECKS: tuple[tuple[frozenset[str], Check], ...] = (
     (frozenset({"model"}), _start_weights_are_published),
     (frozenset({"mode", "trainer", "explorer", "stages"}), _grpo_needs_groups),
     (frozenset({"explorer", "pipeline", "stages"}), _dynamic_sampling_is_single_turn),
+    (frozenset({"algorithm", "mode", "explorer", "stages"}), _remax_is_single_turn),
     (frozenset({"algorithm", "mode", "data", "model", "trainer", "stages"}),
      _reward_model_trains_on_pairs),
     (frozenset({"tasks", "stages"}), _reward_stages_come_first),

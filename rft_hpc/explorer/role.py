@@ -130,7 +130,7 @@ def single_turn_workflow(config: ExperimentConfig, run: RunDir, role: str,
     stream = StepStream(engine, SamplingSettings(cfg.repeat, cfg.max_new_tokens,
                                                  cfg.temperature),
                         rewards, steps_in_flight(config), config.pipeline.dynamic_sampling,
-                        failures)
+                        failures, greedy_baseline=config.algorithm.uses_greedy_baseline())
     log.info("up to %d steps in flight; up to %d reward workers, %d computing at once",
              stream.window, workers, cores)
     return stream

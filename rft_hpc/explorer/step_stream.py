@@ -71,6 +71,8 @@ class _Step:
     """Reserve tasks (and their group ids) dynamic sampling may still draw."""
     groups: dict[int, list[Completion]] = field(default_factory=dict)
     scoring: dict[int, Scoring] = field(default_factory=dict)
+    baselines: dict[int, Scoring] = field(default_factory=dict)
+    """ReMax: the scoring of each group's greedy response (`StepStream.greedy_baseline`)."""
     informative: dict[int, bool] = field(default_factory=dict)
     """Scored groups: whether their rewards vary (always True without dynamic sampling)."""
     generated: float | None = None
@@ -106,11 +108,15 @@ class StepStream:
 
     def __init__(self, engine: StreamingEngine, settings: SamplingSettings, rewards: Scorer,
                  window: int, dynamic: DynamicSampling | None = None,
-                 failures: RewardFailures | None = None) -> None:
+                 failures: RewardFailures | None = None, greedy_baseline: bool = False) -> None:
         """`failures`: counts each completed step's reward calls and raises once too many
         failed (before the step is handed back, so a restart redoes it); None: not
-        counted. The stream owns `rewards` from now on (`close` stops it)."""
+        counted. `greedy_baseline` (ReMax): each group also gets one greedy response,
+        scored, its reward in every record's `info["greedy_reward"]` (the group's mean
+        reward, with `info["greedy_reward_failed"]`, when its call failed). The stream owns
+        `rewards` from now on (`close` stops it)."""
         self.engine, self.settings, self.rewards = engine, settings, rewards
+        self.greedy_baseline = greedy_baseline
         self.window = window
         self.dynamic = dynamic if dynamic is not None and dynamic.enabled else None
         self.failures = failures
@@ -147,7 +153,7 @@ class StepStream:
     def _draw(self, st: _Step, tasks: Sequence[tuple[Task, int]]) -> None:
         """Submit groups for `tasks` (with their group ids) as the step's next ones."""
         s = self.settings
-        requests = []
+        requests, greedy = [], []  # the greedy ones after: an engine batches alike requests
         for task, group_id in tasks:
             j = len(st.tasks)
             st.tasks.append(task)
@@ -156,8 +162,11 @@ class StepStream:
             requests.append(GroupRequest((st.step, j), st.prompts[j], s.repeat,
                                          s.max_new_tokens, s.temperature,
                                          st.seed + j * s.repeat))
+            if self.greedy_baseline:  # ReMax's baseline: the greedy response's reward
+                greedy.append(GroupRequest((st.step, j, GREEDY), st.prompts[j], 1,
+                                           s.max_new_tokens, 0.0, st.seed + j * s.repeat))
         st.generated = None
-        self.engine.submit(requests)
+        self.engine.submit(requests + greedy)
 
     def advance(self, wait: float = 0.02) -> None:
         """One engine step when there are requests to generate (each finished group goes to
@@ -169,8 +178,12 @@ class StepStream:
             self._engine_seconds += time.monotonic() - t0
             t0 = time.monotonic()
             for group in finished:
-                step_no, j = group.key
+                step_no, j = group.key[:2]
                 st = self._steps[step_no]
+                if len(group.key) == 3:  # a greedy response (ReMax's baseline)
+                    st.baselines[j] = self.rewards.submit(reward_calls([st.tasks[j]],
+                                                                       [group.completions]))
+                    continue
                 st.groups[j] = group.completions
                 st.scoring[j] = self.rewards.submit(reward_calls([st.tasks[j]],
                                                                  [group.completions]))
@@ -190,6 +203,8 @@ class StepStream:
         """Mark the step's newly scored groups informative or not, and draw as many reserve
         tasks as the step now lacks."""
         for j, scoring in st.scoring.items():
+            if self.greedy_baseline and not (j in st.baselines and st.baselines[j].done):
+                continue  # scored once its greedy response is too
             if j not in st.informative and scoring.done:
                 rewards = [o.score for o in scoring.result()]
                 st.informative[j] = (self.dynamic is None
@@ -215,6 +230,8 @@ class StepStream:
                 [st.tasks[j] for j in kept], [st.prompts[j] for j in kept],
                 [st.groups[j] for j in kept], outcomes,
                 group_ids=[st.group_ids[j] for j in kept], step=st.step, version=st.version)
+            if self.greedy_baseline:
+                _attach_baselines(st, kept, experiences)
             assert st.generated is not None
             metrics.update(generate_seconds=self._engine_seconds,
                            reward_wait_seconds=self._reward_wait_seconds,
@@ -234,6 +251,25 @@ class StepStream:
     def close(self) -> None:
         """Stop the reward scorer; the requests still in the engine are left to it."""
         self.rewards.close()
+
+
+GREEDY = "greedy"
+"""The third part of a greedy response's request key, `(step, group, GREEDY)`."""
+
+
+def _attach_baselines(st: _Step, kept: list[int], experiences: list) -> None:
+    """Each record's `info["greedy_reward"]`: the reward of its group's greedy response, or
+    the group's mean reward when that call failed (`info["greedy_reward_failed"]`)."""
+    records = iter(experiences)
+    for j in kept:
+        (outcome,) = st.baselines[j].result()
+        group = [next(records) for _ in st.groups[j]]
+        failed = outcome.failed
+        value = float(np.mean([e.reward for e in group])) if failed else outcome.score
+        for e in group:
+            e.info["greedy_reward"] = value
+            if failed:
+                e.info["greedy_reward_failed"] = True
 
 
 def dynamic_metrics(st: _Step) -> dict[str, float]:

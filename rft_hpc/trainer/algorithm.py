@@ -34,6 +34,7 @@ PRESETS: dict[str, tuple[str | None, str]] = {
     "sapo": ("grpo", "sapo"),
     "clip_cov": ("grpo", "clip_cov"),
     "kl_cov": ("grpo", "kl_cov"),
+    "remax": ("remax", "ppo"),
     # offline preference losses without a reference model
     "simpo": (None, "simpo"),
     "orpo": (None, "orpo"),

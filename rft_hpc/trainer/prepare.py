@@ -176,12 +176,28 @@ class BatchPreparer:
             values = self.critic.token_values(dev).float().cpu()
             fields["values"] = values
             extra["old_values"] = values
+        if plan.advantage_fn == "remax":
+            fields["baselines"] = greedy_baselines([records[i] for i in rl_rows.tolist()])
         adv_batch = AdvantageBatch(rewards=rewards, mask=mask, group_ids=groups, **fields)
         adv, returns = compute_advantages(plan.advantage_fn or "", adv_batch,
                                           **plan.advantage_args)
         if self.critic is not None:
             extra["returns"] = returns
         return adv, extra, metrics
+
+
+def greedy_baselines(records: Sequence[Record]) -> torch.Tensor:
+    """[B] ReMax's baselines: each rollout's `info["greedy_reward"]`, which explorers of a
+    `remax` run write; a record without one (another algorithm's, imported) is refused."""
+    values = []
+    for r in records:
+        value = getattr(r, "info", {}).get("greedy_reward")
+        if value is None:
+            raise UserError("remax needs each rollout's greedy baseline (info.greedy_reward, "
+                            "written by explorers of a remax run); the buffer holds rollouts "
+                            f"without one (task {getattr(r, 'task_id', '?')})")
+        values.append(float(value))
+    return torch.tensor(values, dtype=torch.float64)
 
 
 def token_versions(records: Sequence[Record], width: int, default: int) -> torch.Tensor:

@@ -60,7 +60,8 @@ ALGORITHMS = {
     **{kind: ("grpo.yaml", (f"algorithm={{algorithm_type: {kind}}}",), metric)
        for kind, metric in (("gspo", "seq_ratio_mean"), ("dr_grpo", "clip_fraction"),
                             ("cispo", "clip_fraction"), ("sapo", "gate_mean"),
-                            ("clip_cov", "cov_clip_fraction"), ("kl_cov", "kl_cov_fraction"))},
+                            ("clip_cov", "cov_clip_fraction"), ("kl_cov", "kl_cov_fraction"),
+                            ("remax", "pg_loss"))},
 }
 
 
