@@ -36,6 +36,9 @@ from rft_hpc.core.rundir import RunDir, read_jsonl
 STEPS = 40
 """Steps of each run: at 30, OPMD at learning seed 0 with two threads gained 8.6 points,
 p = 1.8e-4, too near the bound (the learning table, 2026-12-06)."""
+PAPER_STEPS = 20
+"""Steps of the papers' presets (GSPO ... ReMax): at 40 (learning seed 0, one thread,
+2026-12-07) each gained 19-27 points, p 6.8e-19 to 4.0e-25; at 20, see docs/algorithms.md."""
 EVAL_SIZE = 500
 """Held-out problems each run is scored on: all of the demo's (its warm-up trained on none)."""
 P_MAX = 1e-3
@@ -55,9 +58,11 @@ ALGORITHMS = {
     "mix": ("mix.yaml", ("data={source: tasks, kind: sft, taskset: expert}",
                          "buffer.sampler={type: mixture, weights: {arith2: 4, expert: 1}}"),
             "expert/sft_loss"),
-    # GRPO's advantages with each paper's loss (docs/algorithms.md): grpo.yaml's stage with
-    # the preset
-    **{kind: ("grpo.yaml", (f"algorithm={{algorithm_type: {kind}}}",), metric)
+    # GRPO's advantages with each paper's loss, and ReMax (docs/algorithms.md): grpo.yaml's
+    # stage with the preset, PAPER_STEPS steps
+    **{kind: ("grpo.yaml", (f"algorithm={{algorithm_type: {kind}}}",
+                            f"trainer.steps={PAPER_STEPS}", f"eval.interval={PAPER_STEPS}"),
+              metric)
        for kind, metric in (("gspo", "seq_ratio_mean"), ("dr_grpo", "clip_fraction"),
                             ("cispo", "clip_fraction"), ("sapo", "gate_mean"),
                             ("clip_cov", "cov_clip_fraction"), ("kl_cov", "kl_cov_fraction"),
@@ -202,15 +207,16 @@ def test_a_short_rl_run_raises_held_out_accuracy(rl_run: Callable[..., Path],
                                                    algorithm: str) -> None:
     config, extra, metric = ALGORITHMS[algorithm]
     run = rl_run(algorithm, config, *extra)
+    steps = PAPER_STEPS if f"trainer.steps={PAPER_STEPS}" in extra else STEPS
     ev = json.loads((run / "summary.json").read_text())["eval"]
-    p, b, c = mcnemar_p(final_answers(run, 0), final_answers(run))
+    p, b, c = mcnemar_p(final_answers(run, 0), final_answers(run, steps))
     print(f"{algorithm}: held-out accuracy {ev['initial_accuracy']:.3f} -> "
-          f"{ev['final_accuracy']:.3f} in {STEPS} steps; {b} right after only, {c} before "
+          f"{ev['final_accuracy']:.3f} in {steps} steps; {b} right after only, {c} before "
           f"only, one-sided p = {p:.2g}")
     record(algorithm, before=ev["initial_accuracy"], after=ev["final_accuracy"], b=b, c=c,
            p=p)
     trained = trainer_metrics(run)
-    assert len(trained) == STEPS and all(metric in m for m in trained)
+    assert len(trained) == steps and all(metric in m for m in trained)
     assert ev["final_accuracy"] > ev["initial_accuracy"] and p < P_MAX, (ev, b, c, p)
 
 
