@@ -15,7 +15,6 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from rft_hpc.algorithms.aggregation import masked_sum
 from rft_hpc.algorithms.policy_losses import Metrics, PolicyLossInputs, dpo_sequence_logps
 
 
@@ -23,7 +22,7 @@ def _mean_logps(inputs: PolicyLossInputs) -> tuple[torch.Tensor, torch.Tensor, f
     """Each pair's mean log-prob per trained token, chosen and rejected ([P] each), and the
     number of pairs the batch's mean divides by."""
     chosen, rejected = dpo_sequence_logps(inputs.logp, inputs.mask)
-    lengths = masked_sum(torch.ones_like(inputs.logp), inputs.mask, dim=-1).clamp(min=1.0)
+    lengths = inputs.mask.sum(-1).clamp(min=1.0).to(chosen.dtype)
     pairs = len(chosen) if inputs.norm is None else inputs.norm.num_seqs / 2
     return chosen / lengths[0::2], rejected / lengths[1::2], max(pairs, 1.0)
 

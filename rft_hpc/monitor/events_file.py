@@ -23,7 +23,8 @@ from typing import Any
 from tensorboard.compat.proto.event_pb2 import Event
 from tensorboard.compat.tensorflow_stub.pywrap_tensorflow import masked_crc32c
 
-from rft_hpc.core.retry import PROCESS_RETRY, open_append
+from rft_hpc.core.retry import open_append
+from rft_hpc.core.rundir import make_dirs
 from rft_hpc.core.storage import append_whole, naming_full
 
 _SERIAL = itertools.count()
@@ -36,8 +37,7 @@ class EventsFile:
 
     def __init__(self, folder: Path) -> None:
         with naming_full(folder):
-            PROCESS_RETRY.write("TensorBoard events", folder,
-                                lambda: folder.mkdir(parents=True, exist_ok=True))
+            make_dirs(folder)
         self.path = folder / (f"events.out.tfevents.{int(time.time()):010d}."
                               f"{socket.gethostname()}.{os.getpid()}.{next(_SERIAL)}")
         self._fd = open_append(self.path, mode=0o644, what="TensorBoard events")

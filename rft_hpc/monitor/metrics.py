@@ -47,7 +47,7 @@ class MetricsWriter:
 
             from rft_hpc.monitor.events_file import EventsFile
 
-            self._summary, self._events_file = Summary, EventsFile
+            self._summary = Summary
             self._tb = EventsFile(self.tb_dir)
 
     def log(self, step: int, values: Mapping[str, Any]) -> None:
@@ -81,7 +81,7 @@ class MetricsWriter:
         PROCESS_COUNTERS["io_retries"] += 1
         with contextlib.suppress(OSError):
             self._tb.close()
-        self._tb = self._events_file(self.tb_dir)
+        self._tb = type(self._tb)(self.tb_dir)  # a new EventsFile in the same folder
 
     def close(self) -> None:
         """Close the JSON lines file and TensorBoard's events (every line and event is
