@@ -168,10 +168,10 @@ class ExplorerConfig(ConfigSection):
 
     reward_workers: int | None = Field(None, ge=1)
     """The most reward worker processes of each explorer (and of its rewards computing at
-    once). The explorer starts one and adds workers while calls queue: up to one per core
-    for rewards that compute, more for rewards that wait (a sandbox, a remote judge).
-    null: derived from the explorer's allocation, its cores and its memory
-    (docs/rewards.md)."""
+    once). The explorer starts one with the first call that needs it and adds workers
+    while calls queue: up to one per core for rewards that compute, more for rewards that
+    wait (a sandbox, a remote judge). null: derived from the explorer's allocation, its
+    cores and its memory (docs/rewards.md)."""
 
     reward_failure_limit: float = Field(0.2, ge=0.0, le=1.0)
     """Share of an explorer's reward calls that may fail (raise, die or time out; each

@@ -112,7 +112,7 @@ def single_turn_workflow(config: ExperimentConfig, run: RunDir, role: str,
     (docs/reward-job.md)."""
     cfg = config.explorer
     workers, cores = reward_worker_bounds(cfg.reward_workers)
-    pool = RewardPool(workers, cfg.reward_timeout, cores=cores)  # starts while the model loads
+    pool = RewardPool(workers, cfg.reward_timeout, cores=cores)
     scorers = local_scorers(engine_device(), judge_loaders=judge_loaders())
     count = config.reward_job.count
     if count:  # one scorer for both kinds: its requests are this explorer's alone

@@ -16,13 +16,16 @@ worker, so that none waits behind another. Each call has its own time limit, cou
 the reply before it. A call runs in its worker's main thread, so rewards that rely on
 SIGALRM work there too.
 
-How many workers: as many as the calls need, up to a bound. The pool starts one and adds
-more while calls are queued and every worker is busy, judging the calls that are running:
-one that computes (its worker runs, its CPU time grows with the call's time, as the kernel
-counts them in /proc) needs a core, so such calls run at most `cores` at once; one that
-waits (a sleep, a socket: its worker is asleep, its CPU time stands still) needs no core,
-so more run at once, doubling each time, up to `workers`. Workers idle for `IDLE_SECONDS`
-are stopped, the first one excepted. The explorer derives both bounds from its allocation unless
+How many workers: as many as the calls need, up to a bound. The pool starts its first with
+the first call that needs one (a run whose rewards the explorer computes itself,
+`IN_PROCESS_REWARDS`, never starts a worker, nor the fork server that would import the
+rewards) and adds more while calls are queued and every worker is busy, judging the calls
+that are running: one that computes (its worker runs, its CPU time grows with the call's
+time, as the kernel counts them in /proc) needs a core, so such calls run at most `cores`
+at once; one that waits (a sleep, a socket: its worker is asleep, its CPU time stands
+still) needs no core, so more run at once, doubling each time, up to `workers`. Workers
+idle for `IDLE_SECONDS` are stopped, the first one excepted. The explorer derives both
+bounds from its allocation unless
 `explorer.reward_workers` sets them (`runtime.placement.reward_worker_bounds`).
 
 Each outcome says whether the call raised (`error`) or overran (`timed_out`); counting them
@@ -263,9 +266,9 @@ class RewardPool:
         """The most calls that compute at once."""
         self.restarts = 0
         """Workers replaced so far (killed after a timeout, or died)."""
-        self.peak = 1
+        self.peak = 0
         """The most workers the pool has had at once."""
-        self._workers = [_Worker()]  # it starts while we go on
+        self._workers: list[_Worker] = []  # the first starts with the first call it needs
         self._todo: deque[tuple[Scoring, int]] = deque()
         self._slowest: float | None = None  # the slowest recent call's seconds (decaying)
 
@@ -369,6 +372,10 @@ class RewardPool:
             for w in stale:
                 self._workers.remove(w)
                 w.close()
+            return False
+        if not self._workers:
+            self._workers.append(_Worker())
+            self.peak = max(self.peak, 1)
             return False
         if any(not w.ready or not w.busy for w in self._workers):
             return False  # a worker is starting or idle: the queue goes there first

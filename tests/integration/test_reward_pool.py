@@ -106,11 +106,22 @@ def test_an_unimportable_reward_fails_each_call_with_the_reason():
                for o in outcomes)
 
 
+def test_rewards_the_explorer_computes_itself_start_no_worker():
+    # exact_match (IN_PROCESS_REWARDS) is scored in the caller: a run of such rewards never
+    # starts a worker, nor the fork server that would import the rewards
+    with RewardPool(workers=4, timeout=5.0) as pool:
+        outcomes = pool.score(calls("exact_match", n=3))
+        assert [o.score for o in outcomes] == [0.0, 0.0, 0.0]  # "4" is not "#### 4"
+        assert (pool.size, pool.peak) == (0, 0)
+        assert [o.score for o in pool.score(calls("math_verify", n=2))] == [1.0, 1.0]
+        assert (pool.size, pool.peak) == (1, 1)
+
+
 @pytest.mark.parametrize("bound", [4, 12])
 def test_calls_that_wait_get_workers_up_to_the_bound(user_rewards, bound, tmp_path):
     (tmp_path / "waiting").mkdir()
     with RewardPool(workers=bound, timeout=120.0, cores=1) as pool:
-        assert pool.size == 1  # the pool starts small
+        assert pool.size == 0  # the pool starts its first worker with the first call
         outcomes = pool.score(calls(f"{user_rewards}:waits_for_company", n=2 * bound,
                                     folder=str(tmp_path / "waiting"), company=bound,
                                     seconds=100.0))
