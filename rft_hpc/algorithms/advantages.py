@@ -34,6 +34,10 @@ class AdvantageBatch:
     values: torch.Tensor | None = None  # [B, T] critic values V(s_j) at each position (GAE)
     kl_penalty: torch.Tensor | None = None  # [B, T] per-token penalty (kl_reward_penalty)
     baselines: torch.Tensor | None = None  # [B] ReMax: the greedy response's reward per record
+    # [B, T] on-policy distillation: a teacher's and the rollout policy's log-prob of each
+    # target token (the records' `teacher_logprobs` and `logprobs`, shifted as `mask`)
+    teacher_logprobs: torch.Tensor | None = None
+    logprobs: torch.Tensor | None = None
 
     def scores(self) -> torch.Tensor:
         """Each record's score [B] float64: its reward minus its summed KL penalty."""
@@ -155,6 +159,30 @@ def remax(batch: AdvantageBatch) -> Advantages:
         raise ValueError("the remax advantage needs baselines: the reward of the greedy "
                          "response to each record's prompt")
     return _per_token(batch.scores() - batch.baselines.detach().to(torch.float64), batch.mask)
+
+
+def on_policy_distill(batch: AdvantageBatch, *, kl_coef: float = 1.0,
+                      reward_weight: float = 0.0, epsilon: float = 1e-6) -> Advantages:
+    """On-policy distillation (Agarwal et al. 2024, "On-Policy Distillation of Language
+    Models: Learning from Self-Generated Mistakes", arXiv:2306.13649; Gu et al. 2024,
+    MiniLLM, arXiv:2306.08543; as Thinking Machines' "On-Policy Distillation", 2025, runs
+    it): the student samples, a teacher scores each sampled token, and each trained token's
+    advantage is the negative of its reverse-KL estimate, `kl_coef * (log p_teacher(x_t) -
+    log p_student(x_t))`, its own (no discount, no baseline): tokens the teacher finds more
+    likely than the student are pushed up, the others down. With `reward_weight` > 0, GRPO's
+    advantage of the record's reward (`epsilon`) times it is added on every trained token.
+    The student's log-probs are the rollout's (the policy that sampled)."""
+    if batch.teacher_logprobs is None or batch.logprobs is None:
+        raise ValueError("the on_policy_distill advantage needs the teacher's and the "
+                         "rollout policy's log-prob of each token")
+    mask = (batch.mask > 0).to(torch.float64)
+    gap = batch.teacher_logprobs.detach().to(torch.float64) - \
+        batch.logprobs.detach().to(torch.float64)
+    adv = kl_coef * gap * mask
+    if reward_weight:
+        adv = adv + reward_weight * grpo(batch, epsilon=epsilon).advantages.to(torch.float64)
+    adv = adv.to(torch.float32)
+    return Advantages(adv, adv)
 
 
 def opmd(batch: AdvantageBatch, *, opmd_baseline: Literal["mean", "logavgexp"] = "mean",

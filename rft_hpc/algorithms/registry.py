@@ -32,6 +32,7 @@ ADVANTAGES: dict[str, AdvantageFn] = {
     "reinforce_plus_plus": advantages.reinforce_plus_plus,  # verl's
     "opmd": advantages.opmd,
     "remax": advantages.remax,
+    "on_policy_distill": advantages.on_policy_distill,
 }
 
 POLICY_LOSSES: dict[str, PolicyLossFn] = {

@@ -148,7 +148,7 @@ def _split(archive: Segment, index: dict[str, np.ndarray]) -> list[Segment]:
                 continue
             off = cols[g.offsets][lo:hi + 1]
             part[g.offsets] = off - off[0]
-            for name, _ in g.columns:
+            for name, _ in (*g.columns, *g.optional):
                 if name in cols:
                     part[name] = cols[name][off[0]:off[-1]]
         for name, _ in schema.scalars:
@@ -216,17 +216,22 @@ def write_archive_file(path: Path, parts: list[Segment], *, writer: str) -> int:
         raise ValueError("an archive holds records of one kind")
     counts = [p.num_records for p in parts]
     lengths: dict[str, int] = {}
+    # an optional dataset that one part holds: in the archive, NaN for the parts without it
+    optional = [c for g in schema.groups for c in g.optional
+                if any(c[0] in p.columns for p in parts)]
+    offsets_of = {name: g.offsets for g in schema.groups for name, _ in g.optional}
     for g in schema.groups:
         total = sum(int(p.columns[g.offsets][-1]) for p in parts)
         lengths[g.offsets] = sum(counts) + 1
-        for name, _ in g.columns:
+        for name, _ in (*g.columns, *(c for c in g.optional if c in optional)):
             lengths[name] = total
     for name, _ in schema.scalars:
         lengths[name] = sum(counts)
     packed = {s: [_pack(p.columns[s]) for p in parts] for s in schema.strings}
     for s in schema.strings:
         lengths[s] = sum(len(x) for x in packed[s])
-    dtypes = dict([c for g in schema.groups for c in g.columns] + list(schema.scalars))
+    dtypes = dict([c for g in schema.groups for c in g.columns] + optional
+                  + list(schema.scalars))
     dtypes.update({g.offsets: "<i8" for g in schema.groups})
     dtypes.update({s: "|u1" for s in schema.strings})
     offsets = {g.offsets for g in schema.groups}
@@ -237,7 +242,8 @@ def write_archive_file(path: Path, parts: list[Segment], *, writer: str) -> int:
                  "created": time.time(), "producer": f"rft-hpc {__version__}"}
         for key, value in attrs.items():
             f.attrs[key] = np.bytes_(value.encode()) if isinstance(value, str) else value
-        for name in schema.dataset_names():
+        names = schema.dataset_names(optional=True)
+        for name in [n for n in names if n in lengths]:
             ds = f.create_dataset(name, shape=(lengths[name],), dtype=dtypes[name])
             crc, pos, base = 0, 0, 0
             if name in offsets:  # the leading 0; each part then adds its ends, shifted
@@ -250,6 +256,9 @@ def write_archive_file(path: Path, parts: list[Segment], *, writer: str) -> int:
                 elif name in offsets:
                     arr = (p.columns[name][1:] + base).astype("<i8")
                     base = int(arr[-1]) if len(arr) else base
+                elif name not in p.columns:  # an optional dataset this part lacks
+                    arr = np.full(int(p.columns[offsets_of[name]][-1]), np.nan,
+                                  dtype=dtypes[name])
                 else:
                     arr = np.ascontiguousarray(p.columns[name], dtype=dtypes[name])
                 if len(arr):

@@ -40,7 +40,8 @@ _TEXT_FIELDS = {
 _TOKEN_FIELDS = {
     "sft": ({"tokens", "prompt_length"}, {"response_mask"}),
     "rl": ({"tokens", "prompt_length", "reward"},
-           {"response_mask", "logprobs", "group_id", "policy_version", "step", "priority"}),
+           {"response_mask", "logprobs", "group_id", "policy_version", "step", "priority",
+            "teacher_logprobs"}),
     "dpo": ({"chosen_tokens", "rejected_tokens", "prompt_length"}, set()),
 }
 
@@ -169,7 +170,8 @@ def line_to_record(kind: str, obj: object, encoder: Callable[[], _Encoder | None
                           group_id=_get(obj, "group_id", int, 0),
                           policy_version=_get(obj, "policy_version", int, 0),
                           step=_get(obj, "step", int, 0),
-                          priority=float(_get(obj, "priority", _NUM, 0.0)), **common)
+                          priority=float(_get(obj, "priority", _NUM, 0.0)),
+                          teacher_logprobs=_float_list(obj, "teacher_logprobs"), **common)
     except (ValueError, OverflowError) as exc:
         if isinstance(exc, LineError):
             raise
@@ -266,6 +268,8 @@ def record_to_json(record: Record) -> dict[str, Any]:
     if isinstance(record, Experience):
         if np.all(np.isfinite(record.logprobs)):
             out["logprobs"] = record.logprobs.tolist()
+        if record.teacher_logprobs is not None:
+            out["teacher_logprobs"] = record.teacher_logprobs.tolist()
         out.update(reward=record.reward, group_id=record.group_id,
                    policy_version=record.policy_version, step=record.step,
                    priority=record.priority)

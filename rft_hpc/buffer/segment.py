@@ -30,7 +30,9 @@ from rft_hpc.buffer.records import RECORD_TYPES, Record
 from rft_hpc.core.errors import UserError
 from rft_hpc.core.retry import PROCESS_RETRY, Retrier, StillUnreadable, io_errno
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
+"""The newest segment schema this rft-hpc reads and the one it writes: 3 added the optional
+token-aligned datasets (`SequenceGroup.optional`), which a reader of version 2 would ignore."""
 LIBVER = ("v110", "v110")  # readable by any HDF5 >= 1.10; metadata carries checksums
 _NAME = re.compile(r"^(\d+)\.h5$")
 
@@ -49,6 +51,9 @@ class SequenceGroup:
 
     offsets: str
     columns: tuple[tuple[str, str], ...]
+    optional: tuple[tuple[str, str], ...] = ()
+    """Float columns a segment holds only when one of its records has them (a record's
+    field None: absent); in a segment that holds one, NaN stands for a record without."""
 
 
 @dataclass(frozen=True)
@@ -60,10 +65,13 @@ class KindSchema:
     scalars: tuple[tuple[str, str], ...]
     strings: tuple[str, ...] = ("task_id", "taskset", "info")
 
-    def dataset_names(self) -> list[str]:
+    def dataset_names(self, optional: bool = False) -> list[str]:
+        """The datasets every segment of the kind holds (with `optional`: and those it
+        may hold), in file order."""
         names = []
         for g in self.groups:
             names += [g.offsets, *(c for c, _ in g.columns)]
+            names += [c for c, _ in g.optional] if optional else []
         return names + [s for s, _ in self.scalars] + list(self.strings)
 
 
@@ -71,7 +79,7 @@ SCHEMAS: dict[str, KindSchema] = {
     "rl": KindSchema(
         "rl",
         (SequenceGroup("offsets", (("tokens", "<i4"), ("response_mask", "|u1"),
-                                   ("logprobs", "<f4"))),),
+                                   ("logprobs", "<f4")), (("teacher_logprobs", "<f4"),)),),
         (("prompt_length", "<i4"), ("reward", "<f4"), ("group_id", "<i8"),
          ("policy_version", "<i8"), ("step", "<i8"), ("priority", "<f4"), ("created", "<f8")),
     ),
@@ -175,6 +183,10 @@ class Segment:
             s, e = off[i], off[i + 1]
             for name, _ in g.columns:
                 kwargs[name] = cols[name][s:e]
+            for name, _ in g.optional:
+                column = cols.get(name)
+                part = None if column is None else column[s:e]
+                kwargs[name] = None if part is None or np.isnan(part).all() else part
         for name, _ in schema.scalars:
             kwargs[name] = lists[name][i]
         for name in schema.strings:
@@ -256,17 +268,18 @@ def read_segment_once(path: Path, fields: Sequence[str] | None = None) -> Segmen
 
 def _read_columns(f: h5py.File, schema: KindSchema, n: int,
                   fields: Sequence[str] | None) -> dict[str, Any]:
-    wanted = set(schema.dataset_names() if fields is None else fields)
+    wanted = set(schema.dataset_names(optional=True) if fields is None else fields)
     cols: dict[str, Any] = {}
     for g in schema.groups:
-        names = [c for c, _ in g.columns if c in wanted]
+        present = [c for c in g.optional if c[0] in wanted and c[0] in f]
+        names = [c for c, _ in g.columns if c in wanted] + [c for c, _ in present]
         if not names:
             continue
         off = _read_numeric(f, g.offsets, "<i8", n + 1)
         if off[0] != 0 or np.any(off[1:] < off[:-1]):
             raise BadContent(f"{g.offsets} not increasing from 0")
         cols[g.offsets] = off
-        for name, dtype in g.columns:
+        for name, dtype in (*g.columns, *present):
             if name in wanted:
                 cols[name] = _read_numeric(f, name, dtype, int(off[-1]))
     for name, dtype in schema.scalars:

@@ -123,11 +123,12 @@ def _whole(name: str, values: np.ndarray) -> _Column:
     return _Column(name, values.dtype, len(values), [values])
 
 
-def _sequence_column(name: str, dtype: str, records: Sequence[Record],
+def _sequence_column(name: str, dtype: str, parts: Sequence[Any],
                      lengths: np.ndarray, total: int) -> _Column:
-    """A token-aligned field: each record's array, checked to match its record's length."""
+    """A token-aligned field: each record's array (`parts`), checked to match its record's
+    length."""
     dt = np.dtype(dtype)
-    parts = [getattr(r, name) for r in records]
+    parts = list(parts)
     got = np.fromiter(map(len, parts), np.int64, count=len(parts))
     if not np.array_equal(got, lengths):
         bad = int(np.flatnonzero(got != lengths)[0])
@@ -152,9 +153,20 @@ def _sequence_columns(schema: KindSchema, records: Sequence[Record]) -> list[_Co
         np.cumsum(lengths, out=offsets[1:])
         cols.append(_whole(g.offsets, offsets))
         total = int(offsets[-1])
-        cols += [_sequence_column(name, dtype, records, lengths, total)
-                 for name, dtype in g.columns]
+        cols += [_sequence_column(name, dtype, [getattr(r, name) for r in records], lengths,
+                                  total) for name, dtype in g.columns]
+        cols += [_optional_column(name, dtype, records, lengths, total)
+                 for name, dtype in g.optional
+                 if any(getattr(r, name) is not None for r in records)]
     return cols
+
+
+def _optional_column(name: str, dtype: str, records: Sequence[Record], lengths: np.ndarray,
+                     total: int) -> _Column:
+    """An optional token-aligned field that some record has: NaN for those without."""
+    parts = [np.full(int(n), np.nan, dtype) if getattr(r, name) is None else getattr(r, name)
+             for r, n in zip(records, lengths, strict=True)]
+    return _sequence_column(name, dtype, parts, lengths, total)
 
 
 def _record_columns(schema: KindSchema, records: Sequence[Record]) -> list[_Column]:

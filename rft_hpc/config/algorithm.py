@@ -12,11 +12,12 @@ from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
+from rft_hpc.config.paths import ConfigPath
 from rft_hpc.core.config_section import ConfigSection
 
 AlgorithmType = Literal["grpo", "ppo", "rloo", "reinforceplusplus", "opmd", "sft", "dpo", "mix",
                         "reward_model", "gspo", "dr_grpo", "cispo", "sapo", "clip_cov",
-                        "kl_cov", "simpo", "orpo", "remax"]
+                        "kl_cov", "simpo", "orpo", "remax", "on_policy_distill"]
 GROUP_ADVANTAGE_TYPES = ("grpo", "rloo", "opmd", "mix", "gspo", "dr_grpo", "cispo", "sapo",
                          "clip_cov", "kl_cov")
 """The presets whose advantages compare the rollouts of one task (`explorer.repeat` >= 2)."""
@@ -81,16 +82,24 @@ class AlgorithmConfig(ConfigSection):
     (clipped, detached importance weights), `sapo` (a soft gate for the clip), `clip_cov`
     and `kl_cov` (covariance-selected tokens cut or KL-penalised); or, on preference pairs
     without a reference model, `simpo` and `orpo`; or `remax` (each reward minus that of the
-    greedy response to the same prompt, which the explorer generates); docs/algorithms.md.
-    A stage that sets it starts from that preset's defaults."""
+    greedy response to the same prompt, which the explorer generates); or
+    `on_policy_distill` (a teacher model's per-token log-probs of the student's own rollouts
+    as the signal, `teacher_model`); docs/algorithms.md. A stage that sets it starts from
+    that preset's defaults."""
 
     advantage_fn: str | None = None
-    """Advantage function (`grpo`, `ppo`/`gae`, `rloo`, `reinforceplusplus`, `opmd`, or
-    `package.module:function`); null: the preset's."""
+    """Advantage function (`grpo`, `ppo`/`gae`, `rloo`, `reinforceplusplus`, `opmd`,
+    `remax`, `on_policy_distill`, or `package.module:function`); null: the preset's."""
 
     advantage_fn_args: dict[str, Any] = Field(default_factory=dict)
     """Keyword arguments of the advantage function (e.g. `epsilon`, `std_normalize` for grpo;
-    `gamma`, `lam` for ppo)."""
+    `gamma`, `lam` for ppo; `kl_coef`, `reward_weight` for on_policy_distill)."""
+
+    teacher_model: ConfigPath | None = None
+    """A model folder (Hugging Face layout, the policy's tokenizer) whose log-prob of each
+    token of every rollout the explorers record (`teacher_logprobs`, docs/buffer-format.md):
+    on-policy distillation's signal. Required by `on_policy_distill`; with another
+    algorithm, a plug-in advantage function reads them (`AdvantageBatch.teacher_logprobs`)."""
 
     policy_loss_fn: str | None = None
     """Policy loss (`ppo`, `opmd`, `sft`, `dpo`, `mix`, or `package.module:function`);
@@ -136,6 +145,14 @@ class AlgorithmConfig(ConfigSection):
     cliprange_value: float | None = Field(0.5, gt=0.0)
     """Clip range of the PPO critic's value loss around its earlier predictions; null: no
     clipping."""
+
+    @model_validator(mode="after")
+    def _distillation_has_a_teacher(self) -> AlgorithmConfig:
+        if self.teacher_model is None and "on_policy_distill" in (
+                self.algorithm_type, self.advantage_fn):
+            raise ValueError("on_policy_distill learns from a teacher: set "
+                             "algorithm.teacher_model to the teacher's model folder")
+        return self
 
     def uses_greedy_baseline(self) -> bool:
         """Whether the advantage is ReMax's, whose baseline is the reward of a greedy response

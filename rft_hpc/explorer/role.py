@@ -36,6 +36,7 @@ from rft_hpc.core.watch import Waitable
 from rft_hpc.engines import build_engine
 from rft_hpc.engines.judge import judge_loaders
 from rft_hpc.engines.protocol import StreamingEngine
+from rft_hpc.engines.teacher import HFTeacher
 from rft_hpc.explorer.multiturn import TurnSettings
 from rft_hpc.explorer.overrollout import MultiTurnExplorer
 from rft_hpc.explorer.protocols import CompletedStep, StepTasks, Workflow
@@ -122,6 +123,11 @@ def single_turn_workflow(config: ExperimentConfig, run: RunDir, role: str,
     failures = RewardFailures(cfg.reward_failure_limit)
     try:
         engine = start_engine()
+        teacher = None
+        if config.algorithm.teacher_model is not None:  # on-policy distillation
+            teacher = HFTeacher(config.algorithm.teacher_model,
+                                vocab=engine.tokenizer.get_vocab(), device=engine_device(),
+                                dtype=config.model.dtype, temperature=cfg.temperature)
     except BaseException:
         # its workers ignore stop signals (they outlive Slurm's warning): left running, they
         # would hold the process at exit, where multiprocessing joins its children
@@ -130,7 +136,8 @@ def single_turn_workflow(config: ExperimentConfig, run: RunDir, role: str,
     stream = StepStream(engine, SamplingSettings(cfg.repeat, cfg.max_new_tokens,
                                                  cfg.temperature),
                         rewards, steps_in_flight(config), config.pipeline.dynamic_sampling,
-                        failures, greedy_baseline=config.algorithm.uses_greedy_baseline())
+                        failures, greedy_baseline=config.algorithm.uses_greedy_baseline(),
+                        teacher=teacher)
     log.info("up to %d steps in flight; up to %d reward workers, %d computing at once",
              stream.window, workers, cores)
     return stream

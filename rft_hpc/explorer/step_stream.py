@@ -32,6 +32,7 @@ from rft_hpc.config import ExperimentConfig
 from rft_hpc.config.pipeline import DynamicSampling
 from rft_hpc.engines.protocol import StreamingEngine
 from rft_hpc.engines.requests import Completion, GroupRequest
+from rft_hpc.engines.teacher import TeacherScorer, reverse_kl
 from rft_hpc.explorer.protocols import CompletedStep, Scorer, StepTasks
 from rft_hpc.explorer.workflow import (
     RewardFailures,
@@ -108,14 +109,17 @@ class StepStream:
 
     def __init__(self, engine: StreamingEngine, settings: SamplingSettings, rewards: Scorer,
                  window: int, dynamic: DynamicSampling | None = None,
-                 failures: RewardFailures | None = None, greedy_baseline: bool = False) -> None:
+                 failures: RewardFailures | None = None, greedy_baseline: bool = False,
+                 teacher: TeacherScorer | None = None) -> None:
         """`failures`: counts each completed step's reward calls and raises once too many
         failed (before the step is handed back, so a restart redoes it); None: not
         counted. `greedy_baseline` (ReMax): each group also gets one greedy response,
         scored, its reward in every record's `info["greedy_reward"]` (the group's mean
-        reward, with `info["greedy_reward_failed"]`, when its call failed). The stream owns
-        `rewards` from now on (`close` stops it)."""
+        reward, with `info["greedy_reward_failed"]`, when its call failed). `teacher`
+        (on-policy distillation): scores each completed step's records token by token. The
+        stream owns `rewards` and `teacher` from now on (`close` stops them)."""
         self.engine, self.settings, self.rewards = engine, settings, rewards
+        self.teacher = teacher
         self.greedy_baseline = greedy_baseline
         self.window = window
         self.dynamic = dynamic if dynamic is not None and dynamic.enabled else None
@@ -232,6 +236,11 @@ class StepStream:
                 group_ids=[st.group_ids[j] for j in kept], step=st.step, version=st.version)
             if self.greedy_baseline:
                 _attach_baselines(st, kept, experiences)
+            if self.teacher is not None:
+                t0 = time.monotonic()
+                self.teacher.score(experiences)
+                metrics.update(teacher_seconds=time.monotonic() - t0,
+                               teacher_reverse_kl=reverse_kl(experiences))
             assert st.generated is not None
             metrics.update(generate_seconds=self._engine_seconds,
                            reward_wait_seconds=self._reward_wait_seconds,
@@ -249,8 +258,11 @@ class StepStream:
             yield CompletedStep(st.step, st.version, experiences, metrics, seconds)
 
     def close(self) -> None:
-        """Stop the reward scorer; the requests still in the engine are left to it."""
+        """Stop the reward scorer and free the teacher; the requests still in the engine
+        are left to it."""
         self.rewards.close()
+        if self.teacher is not None:
+            self.teacher.close()
 
 
 GREEDY = "greedy"

@@ -84,13 +84,13 @@ def model_problem(folder: Path) -> str | None:
     return None
 
 
-def judge_problem(folder: Path) -> str | None:
-    """Why `folder` cannot be an LLM judge (missing, not a Hugging Face folder, not a causal
-    LM, no tokenizer), or None when it can. Reads the folder's config and tokenizer, not
-    its weights."""
+def judge_problem(folder: Path, what: str = "judge") -> str | None:
+    """Why `folder` cannot be an LLM judge (or another causal LM: `what`, e.g. a teacher;
+    missing, not a Hugging Face folder, not a causal LM, no tokenizer), or None when it
+    can. Reads the folder's config and tokenizer, not its weights."""
     where = "" if folder.is_absolute() else f" (looked in {Path.cwd()})"
     if not folder.exists():
-        return f"judge folder {str(folder)!r} does not exist{where}"
+        return f"{what} folder {str(folder)!r} does not exist{where}"
     if not folder.is_dir():
         return f"{str(folder)!r} is a file; expected a Hugging Face causal LM folder"
     from transformers import AutoConfig, AutoTokenizer
@@ -103,12 +103,12 @@ def judge_problem(folder: Path) -> str | None:
     if not any(k.endswith(("ForCausalLM", "LMHeadModel", "ForConditionalGeneration"))
                for k in kinds):
         return (f"{str(folder)!r} is not a causal language model (architectures: "
-                f"{', '.join(kinds) or 'none'}); a judge is a chat model folder "
-                "(...ForCausalLM) that answers in text")
+                f"{', '.join(kinds) or 'none'}); a {what} is a causal LM folder "
+                "(...ForCausalLM)")
     try:
         AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
     except Exception as exc:
-        return f"the tokenizer of judge {str(folder)!r} cannot be loaded: {exc}"[:500]
+        return f"the tokenizer of {what} {str(folder)!r} cannot be loaded: {exc}"[:500]
     return None
 
 
@@ -202,6 +202,24 @@ def gold_problems(config: ExperimentConfig) -> Iterator[tuple[tuple[Key, ...], s
         if found:
             where: tuple[Key, ...] = ("stages", index) if config.stages else ()
             yield (*where, "eval", "gold"), found[1]
+
+
+def teacher_problems(config: ExperimentConfig) -> Iterator[tuple[tuple[Key, ...], str]]:
+    """(key path, problem) for each `algorithm.teacher_model` that cannot be a teacher (a
+    causal LM folder with a tokenizer), or that a multi-turn workflow would play with (its
+    records are not scored by the teacher)."""
+    for index, (_, stage) in enumerate(config.stage_configs()):
+        folder = stage.algorithm.teacher_model
+        if folder is None or stage.mode != "both":
+            continue
+        where: tuple[Key, ...] = ("stages", index) if config.stages else ()
+        found = judge_problem(Path(folder), "teacher")
+        if found:
+            yield (*where, "algorithm", "teacher_model"), found
+        if stage.explorer.workflow.type != "single_turn":
+            yield (*where, "explorer", "workflow", "type"), (
+                "a teacher scores the rollouts of the single-turn workflow; the "
+                f"{stage.explorer.workflow.type} workflow's are not")
 
 
 def _workflow_problems(config: ExperimentConfig, keys: tuple[Key, ...],

@@ -35,6 +35,8 @@ PRESETS: dict[str, tuple[str | None, str]] = {
     "clip_cov": ("grpo", "clip_cov"),
     "kl_cov": ("grpo", "kl_cov"),
     "remax": ("remax", "ppo"),
+    # a teacher's per-token log-probs of the student's own rollouts as the advantage
+    "on_policy_distill": ("on_policy_distill", "ppo"),
     # offline preference losses without a reference model
     "simpo": (None, "simpo"),
     "orpo": (None, "orpo"),

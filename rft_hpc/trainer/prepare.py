@@ -178,6 +178,14 @@ class BatchPreparer:
             extra["old_values"] = values
         if plan.advantage_fn == "remax":
             fields["baselines"] = greedy_baselines([records[i] for i in rl_rows.tolist()])
+        rollouts = [records[i] for i in rl_rows.tolist()]
+        if plan.advantage_fn == "on_policy_distill" or any(
+                getattr(r, "teacher_logprobs", None) is not None for r in rollouts):
+            fields["teacher_logprobs"] = teacher_logprobs(rollouts, mask.shape[1],
+                                                          plan.advantage_fn)
+            fields["logprobs"] = sub.old_logprobs
+            gap = (sub.old_logprobs - fields["teacher_logprobs"]) * mask
+            metrics["teacher_reverse_kl"] = float(gap.sum() / mask.sum().clamp(min=1))
         adv_batch = AdvantageBatch(rewards=rewards, mask=mask, group_ids=groups, **fields)
         adv, returns = compute_advantages(plan.advantage_fn or "", adv_batch,
                                           **plan.advantage_args)
@@ -198,6 +206,26 @@ def greedy_baselines(records: Sequence[Record]) -> torch.Tensor:
                             f"without one (task {getattr(r, 'task_id', '?')})")
         values.append(float(value))
     return torch.tensor(values, dtype=torch.float64)
+
+
+def teacher_logprobs(records: Sequence[Record], width: int, advantage: str | None,
+                     ) -> torch.Tensor:
+    """[B, width] each rollout's `teacher_logprobs`, shifted as a `TokenBatch`'s targets
+    (position j: token j+1); 0 for a rollout without (refused under `on_policy_distill`,
+    whose explorers record them for every rollout)."""
+    out = torch.zeros((len(records), width), dtype=torch.float32)
+    for i, r in enumerate(records):
+        values = getattr(r, "teacher_logprobs", None)
+        if values is None:
+            if advantage == "on_policy_distill":
+                raise UserError("on_policy_distill needs each rollout's teacher log-probs "
+                                "(teacher_logprobs, which explorers with "
+                                "algorithm.teacher_model record); the buffer holds rollouts "
+                                f"without them (task {getattr(r, 'task_id', '?')})")
+            continue
+        row = torch.from_numpy(np.nan_to_num(values[1:], nan=0.0))
+        out[i, :len(row)] = row
+    return out
 
 
 def token_versions(records: Sequence[Record], width: int, default: int) -> torch.Tensor:

@@ -26,6 +26,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
+import numpy as np
 import pytest
 from helpers.learning import SEED, pinned, record
 from helpers.paths import DEMO, ROOT
@@ -45,6 +46,8 @@ P_MAX = 1e-3
 """One-sided McNemar p (helpers/stats.py) below which a run's gain is beyond noise."""
 OFFSET_EVAL_SIZE = 200
 """The off-policy comparison's problems: the first 200, on which its bound was set."""
+DISTILL_STEPS = 20
+"""Steps of on-policy distillation from the warm-up (docs/algorithms.md for the figures)."""
 
 # algorithm -> (example config, overrides its RL stage holds, a metric only it logs)
 ALGORITHMS = {
@@ -158,6 +161,27 @@ def warm_model(demo_run: Path) -> Path:
     out = demo_run / "warm-model"
     model.save_pretrained(out, safe_serialization=True)
     for f in base.iterdir():
+        if f.name.startswith("tokenizer") or f.name == "special_tokens_map.json":
+            shutil.copy(f, out / f.name)
+    return out
+
+
+@pytest.fixture(scope="module")
+def teacher_model(demo_run: Path, warm_model: Path) -> Path:
+    """The demo's final weights (its GRPO stage's last version) as a model folder with the
+    warm-up's tokenizer: on-policy distillation's teacher."""
+    from transformers import AutoModelForCausalLM
+
+    from rft_hpc.sync.weight_files import load_weights
+
+    steps = json.loads((demo_run / "demo" / "summary.json").read_text())["stages"][-1][
+        "trainer_steps"]
+    model = AutoModelForCausalLM.from_pretrained(warm_model)
+    model.load_state_dict(load_weights(demo_run / "demo" / "stages" / "1-grpo" / "weights",
+                                       steps))
+    out = demo_run / "teacher-model"
+    model.save_pretrained(out, safe_serialization=True)
+    for f in warm_model.iterdir():
         if f.name.startswith("tokenizer") or f.name == "special_tokens_map.json":
             shutil.copy(f, out / f.name)
     return out
@@ -297,3 +321,37 @@ def test_four_steps_off_policy_with_correction_learns_as_much_as_one_step_off(
     png = (far / "report.png").read_bytes()
     assert png[:8] == b"\x89PNG\r\n\x1a\n" and int.from_bytes(png[16:20], "big") == 1600
     assert int.from_bytes((near / "report.png").read_bytes()[16:20], "big") == 1600
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1200)
+def test_a_student_distilled_on_policy_closes_half_its_gap_to_the_teacher(
+        rl_run: Callable[..., Path], demo_run: Path, teacher_model: Path) -> None:
+    """On-policy distillation (`on_policy_distill`, docs/algorithms.md): the student is the
+    demo's SFT warm-up, the teacher the demo's final weights (the same tiny model after 150
+    GRPO steps), scored on the same 500 held-out problems. DISTILL_STEPS steps of the
+    student's own rollouts, each token's advantage the teacher's log-prob minus the
+    student's, must close at least half of the gap in held-out accuracy; the reverse KL to
+    the teacher the explorers record must fall."""
+    run = rl_run("on-policy-distill", "grpo.yaml",
+                 f"algorithm={{algorithm_type: on_policy_distill, teacher_model: {teacher_model}}}",
+                 f"trainer.steps={DISTILL_STEPS}", f"eval.interval={DISTILL_STEPS}")
+    steps = json.loads((demo_run / "demo" / "summary.json").read_text())["stages"][-1][
+        "trainer_steps"]
+    teacher = sum(_demo_correct(demo_run, steps)) / EVAL_SIZE
+    before = final_answers(run, 0)
+    after = final_answers(run, DISTILL_STEPS)
+    start, end = sum(before) / EVAL_SIZE, sum(after) / EVAL_SIZE
+    p, b, c = mcnemar_p(before, after)
+    kl = [m["teacher_reverse_kl"] for m in read_jsonl(run / "stages" / "0-main" / "metrics" /
+                                                       "explorer-0.jsonl") if "step" in m]
+    print(f"on-policy distillation: student {start:.3f} -> {end:.3f} in {DISTILL_STEPS} "
+          f"steps, teacher {teacher:.3f}: {(end - start) / (teacher - start):.2f} of the gap "
+          f"closed; {b} right after only, {c} before only, p = {p:.2g}; reverse KL "
+          f"{kl[0]:.3f} -> {kl[-1]:.3f}")
+    record("on_policy_distill", before=start, after=end, teacher=teacher, b=b, c=c, p=p)
+    trained = trainer_metrics(run)
+    assert len(trained) == DISTILL_STEPS and all("teacher_reverse_kl" in m for m in trained)
+    assert teacher - start >= 0.1, (start, teacher)  # a teacher better by far more than noise
+    assert end - start >= 0.5 * (teacher - start), (start, end, teacher)
+    assert np.mean(kl[-3:]) < np.mean(kl[:3]), kl
