@@ -13,7 +13,7 @@ from collections.abc import Callable
 
 import torch
 
-from rft_hpc.algorithms import advantages, policy_losses, preference_losses, ratio_losses
+from rft_hpc.algorithms import advantages, kto, policy_losses, preference_losses, ratio_losses
 from rft_hpc.algorithms.advantages import AdvantageBatch, Advantages
 from rft_hpc.algorithms.policy_losses import PolicyLossInputs
 from rft_hpc.core.plugins import register, resolve
@@ -48,10 +48,14 @@ POLICY_LOSSES: dict[str, PolicyLossFn] = {
     "kl_cov": ratio_losses.kl_cov_policy_loss,
     "simpo": preference_losses.simpo_loss,
     "orpo": preference_losses.orpo_loss,
+    "kto": kto.kto_loss,
 }
 
-PAIR_LOSSES = frozenset({"dpo", "simpo", "orpo"})
-"""The losses that train on preference pairs (rows interleaved chosen, rejected)."""
+PAIR_LOSSES = frozenset({"dpo", "simpo", "orpo", "kto"})
+"""The losses that train on preference pairs (rows interleaved chosen, rejected; KTO's
+three rows per pair: `batch.tokens.collate_kto`)."""
+REFERENCE_LOSSES = frozenset({"dpo", "kto"})
+"""The losses that read the frozen starting policy's log-probs (`ref_logp`)."""
 
 
 def register_advantage(name: str) -> Callable[[AdvantageFn], AdvantageFn]:

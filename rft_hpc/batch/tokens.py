@@ -99,3 +99,23 @@ def collate_dpo(pairs: Sequence[DPOPair], pad_id: int = 0) -> TokenBatch:
     rows = [SFTSample(tokens=tokens, prompt_length=pair.prompt_length)
             for pair in pairs for tokens in (pair.chosen_tokens, pair.rejected_tokens)]
     return collate(rows, pad_id=pad_id)
+
+
+KTO_ROWS_PER_PAIR = 3
+"""Rows of each pair in a KTO batch (`collate_kto`): chosen, rejected, mismatched."""
+
+
+def collate_kto(pairs: Sequence[DPOPair], pad_id: int = 0) -> TokenBatch:
+    """Collate preference pairs for KTO (`algorithms.kto`): per pair i, row 3i its prompt +
+    chosen response (desirable), row 3i+1 its prompt + rejected response (undesirable),
+    row 3i+2 its prompt + the chosen response of pair i+1 (the last pair's: the first's; a
+    lone pair's: its own), whose log-prob ratio estimates KTO's reference point. The
+    responses are the trained tokens; the three rows of a pair stay adjacent."""
+    rows = []
+    for i, pair in enumerate(pairs):
+        other = pairs[(i + 1) % len(pairs)]
+        p = pair.prompt_length
+        mismatched = np.r_[pair.chosen_tokens[:p], other.chosen_tokens[other.prompt_length:]]
+        rows += [SFTSample(tokens=tokens, prompt_length=p)
+                 for tokens in (pair.chosen_tokens, pair.rejected_tokens, mismatched)]
+    return collate(rows, pad_id=pad_id)

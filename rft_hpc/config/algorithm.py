@@ -17,7 +17,7 @@ from rft_hpc.core.config_section import ConfigSection
 
 AlgorithmType = Literal["grpo", "ppo", "rloo", "reinforceplusplus", "opmd", "sft", "dpo", "mix",
                         "reward_model", "gspo", "dr_grpo", "cispo", "sapo", "clip_cov",
-                        "kl_cov", "simpo", "orpo", "remax", "on_policy_distill"]
+                        "kl_cov", "simpo", "orpo", "remax", "on_policy_distill", "kto"]
 GROUP_ADVANTAGE_TYPES = ("grpo", "rloo", "opmd", "mix", "gspo", "dr_grpo", "cispo", "sapo",
                          "clip_cov", "kl_cov")
 """The presets whose advantages compare the rollouts of one task (`explorer.repeat` >= 2)."""
@@ -80,12 +80,13 @@ class AlgorithmConfig(ConfigSection):
     docs/reward-models.md), or GRPO's advantages with another paper's loss: `gspo`
     (sequence-level ratio), `dr_grpo` (no std division, constant-length sums), `cispo`
     (clipped, detached importance weights), `sapo` (a soft gate for the clip), `clip_cov`
-    and `kl_cov` (covariance-selected tokens cut or KL-penalised); or, on preference pairs
-    without a reference model, `simpo` and `orpo`; or `remax` (each reward minus that of the
-    greedy response to the same prompt, which the explorer generates); or
-    `on_policy_distill` (a teacher model's per-token log-probs of the student's own rollouts
-    as the signal, `teacher_model`); docs/algorithms.md. A stage that sets it starts from
-    that preset's defaults."""
+    and `kl_cov` (covariance-selected tokens cut or KL-penalised); or, on preference pairs,
+    `simpo` and `orpo` (no reference model) and `kto` (each response judged on its own
+    against the frozen starting policy: chosen desirable, rejected not); or `remax` (each
+    reward minus that of the greedy response to the same prompt, which the explorer
+    generates); or `on_policy_distill` (a teacher model's per-token log-probs of the
+    student's own rollouts as the signal, `teacher_model`); docs/algorithms.md. A stage
+    that sets it starts from that preset's defaults."""
 
     advantage_fn: str | None = None
     """Advantage function (`grpo`, `ppo`/`gae`, `rloo`, `reinforceplusplus`, `opmd`,

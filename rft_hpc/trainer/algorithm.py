@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rft_hpc.algorithms.off_policy import Correction
-from rft_hpc.algorithms.registry import resolve_advantage, resolve_policy_loss
+from rft_hpc.algorithms.registry import REFERENCE_LOSSES, resolve_advantage, resolve_policy_loss
 from rft_hpc.config import ExperimentConfig
 from rft_hpc.core.errors import UserError
 
@@ -40,6 +40,8 @@ PRESETS: dict[str, tuple[str | None, str]] = {
     # offline preference losses without a reference model
     "simpo": (None, "simpo"),
     "orpo": (None, "orpo"),
+    # offline, each response of a pair judged on its own against a reference point
+    "kto": (None, "kto"),
 }
 """The advantage function (None: none) and policy loss of each `algorithm_type`."""
 
@@ -93,7 +95,8 @@ class AlgorithmPlan:
     @property
     def needs_reference(self) -> bool:
         """True when a frozen copy of the starting policy is needed (KL, DPO)."""
-        return bool(self.kl_penalty or self.kl_loss or self.type == "dpo")
+        return bool(self.kl_penalty or self.kl_loss or self.type == "dpo"
+                    or self.policy_loss_fn in REFERENCE_LOSSES)
 
     @classmethod
     def of(cls, config: ExperimentConfig) -> AlgorithmPlan:

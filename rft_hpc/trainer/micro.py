@@ -17,25 +17,26 @@ from rft_hpc.buffer.records import DPOPair, Record
 from rft_hpc.trainer.distributed import Shard
 
 
-def record_shape(record: Record) -> tuple[int, int]:
-    """(rows, tokens of the longest row) of `record` once collated: a DPO pair is two rows."""
+def record_shape(record: Record, pair_rows: int = 2) -> tuple[int, int]:
+    """(rows, tokens of the longest row) of `record` once collated: a preference pair is
+    `pair_rows` rows (DPO's two; KTO's three, the third about as long as the others)."""
     if isinstance(record, DPOPair):
-        return 2, max(len(record.chosen_tokens), len(record.rejected_tokens))
+        return pair_rows, max(len(record.chosen_tokens), len(record.rejected_tokens))
     return 1, len(record.tokens)
 
 
-def record_cost(record: Record) -> int:
+def record_cost(record: Record, pair_rows: int = 2) -> int:
     """Padded tokens `record` alone takes in a micro-batch."""
-    rows, length = record_shape(record)
+    rows, length = record_shape(record, pair_rows)
     return rows * length
 
 
-def drop_oversized(batch: Batch, budget: int) -> tuple[Batch, int]:
+def drop_oversized(batch: Batch, budget: int, pair_rows: int = 2) -> tuple[Batch, int]:
     """`batch` without the records that alone exceed `budget` padded tokens, and how many
     were dropped; `batch` itself when the budget is 0 (off) or nothing is dropped."""
     if budget <= 0:
         return batch, 0
-    keep = [i for i, r in enumerate(batch.records) if record_cost(r) <= budget]
+    keep = [i for i, r in enumerate(batch.records) if record_cost(r, pair_rows) <= budget]
     if len(keep) == len(batch.records):
         return batch, 0
 
@@ -46,7 +47,7 @@ def drop_oversized(batch: Batch, budget: int) -> tuple[Batch, int]:
     return kept, len(batch.records) - len(keep)
 
 
-def pack(records: Sequence[Record], budget: int) -> list[list[int]]:
+def pack(records: Sequence[Record], budget: int, pair_rows: int = 2) -> list[list[int]]:
     """Indices of `records` grouped into micro-batches of at most `budget` padded tokens.
 
     Longest first, greedily: a micro-batch takes the next record while (rows x its longest
@@ -57,11 +58,12 @@ def pack(records: Sequence[Record], budget: int) -> list[list[int]]:
         return []
     if budget <= 0:
         return [list(range(len(records)))]
-    order = sorted(range(len(records)), key=lambda i: record_shape(records[i])[1], reverse=True)
+    shapes = [record_shape(r, pair_rows) for r in records]
+    order = sorted(range(len(records)), key=lambda i: shapes[i][1], reverse=True)
     groups: list[list[int]] = []
     rows = longest = 0
     for i in order:
-        r_rows, r_len = record_shape(records[i])
+        r_rows, r_len = shapes[i]
         if r_rows * r_len > budget:
             raise ValueError(f"record {i} needs {r_rows * r_len} tokens, over the budget "
                              f"{budget}: drop it first")

@@ -20,7 +20,7 @@ from rft_hpc.algorithms.off_policy import correction_weights
 from rft_hpc.algorithms.registry import PAIR_LOSSES, compute_advantages
 from rft_hpc.algorithms.value import ValueHeadModel
 from rft_hpc.batch.logprobs import token_logprobs
-from rft_hpc.batch.tokens import TokenBatch, collate, collate_dpo
+from rft_hpc.batch.tokens import TokenBatch, collate, collate_dpo, collate_kto
 from rft_hpc.buffer.reader import Batch
 from rft_hpc.buffer.records import DPOPair, Experience, Record, SFTSample
 from rft_hpc.core.errors import UserError
@@ -37,7 +37,8 @@ def collate_for(plan: AlgorithmPlan, records: Sequence[Record], pad_id: int) -> 
             raise UserError(f"{plan.policy_loss_fn} trains on preference pairs; the buffer "
                             "holds other records (import pairs with `rft-hpc buffer import "
                             "--kind dpo`)")
-        return collate_dpo(records, pad_id=pad_id)  # type: ignore[arg-type]
+        pair_rows = collate_kto if plan.policy_loss_fn == "kto" else collate_dpo
+        return pair_rows(records, pad_id=pad_id)  # type: ignore[arg-type]
     if any(isinstance(r, DPOPair) for r in records):
         raise UserError(f"{plan.type} cannot train on DPO pairs found in the buffer")
     if plan.is_rl and plan.type != "mix" and not all(isinstance(r, Experience)
@@ -97,7 +98,7 @@ class BatchPreparer:
         num_tokens = int(mask.sum())
         if not plan.is_rl:
             return shard_batch(batch, world_size, advantages=None, num_tokens=num_tokens,
-                               rows_per_record=2 if tb.input_ids.shape[0] > len(records) else 1,
+                               rows_per_record=tb.input_ids.shape[0] // max(len(records), 1),
                                norm=LossNorm.of(mask))
         expert = expert_rows(records) if plan.type == "mix" else torch.zeros(len(records),
                                                                                 dtype=torch.bool)

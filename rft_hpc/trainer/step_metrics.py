@@ -15,10 +15,12 @@ import torch
 
 SUMMED = frozenset({"loss", "pg_loss", "sft_loss", "dpo_loss", "opmd_loss", "usual/pg_loss",
                     "expert/sft_loss", "kl_ref", "entropy", "value_loss",
-                    "unknown_logprob_records", "simpo_loss", "orpo_loss", "orpo_nll"})
+                    "unknown_logprob_records", "simpo_loss", "orpo_loss", "orpo_nll",
+                    "kto_loss"})
 """Metrics that add up over the ranks (whole-batch divisors, or counts)."""
-PER_PAIR = frozenset({"chosen_reward", "rejected_reward", "accuracy_mean", "log_odds_ratio"})
-"""The pair losses' means over pairs (DPO, SimPO, ORPO)."""
+PER_PAIR = frozenset({"chosen_reward", "rejected_reward", "accuracy_mean", "log_odds_ratio",
+                      "kto_kl"})
+"""The pair losses' means over pairs (DPO, SimPO, ORPO, KTO)."""
 
 
 @dataclass

@@ -32,8 +32,10 @@ from rft_hpc.algorithms import (
     token_entropy,
     value_loss,
 )
+from rft_hpc.algorithms.registry import REFERENCE_LOSSES
 from rft_hpc.batch.logprobs import target_logprobs
 from rft_hpc.batch.shared_prompts import attention_kind, pack_shared_prompts
+from rft_hpc.batch.tokens import KTO_ROWS_PER_PAIR
 from rft_hpc.buffer.reader import Batch
 from rft_hpc.config import ExperimentConfig
 from rft_hpc.engines.hf import HFEngine, load_policy
@@ -86,6 +88,8 @@ class Trainer:
         self.config = config
         self.dist = dist if dist is not None else DistContext()
         self.plan = AlgorithmPlan.of(config)
+        self.pair_rows = KTO_ROWS_PER_PAIR if self.plan.policy_loss_fn == "kto" else 2
+        """Rows a preference pair collates to (`collate_for`), for the micro-batch budget."""
         tcfg = config.trainer
         self.backend = build_backend(config, self.dist)
         self.device = self.backend.device
@@ -166,7 +170,7 @@ class Trainer:
     def _shards(self, batch: Batch, version: int | None) -> list[Shard]:
         """Rank 0: the batch, without records over the micro-batch budget, in shards."""
         budget = self.config.trainer.micro_batch_tokens
-        batch, skipped = drop_oversized(batch, budget)
+        batch, skipped = drop_oversized(batch, budget, self.pair_rows)
         if skipped:
             log.warning("skipped %d sequence(s) longer than trainer.micro_batch_tokens = %d "
                         "padded tokens", skipped, budget)
@@ -234,7 +238,8 @@ class Trainer:
                 is_expert = expert_rows(shard.records).to(mask.device)
                 rl_mask = mask * (~is_expert).unsqueeze(1).to(mask.dtype)
                 out.rl_tokens = float(rl_mask.sum())
-        if self.reference is not None and (plan.kl_loss or plan.policy_loss_fn == "dpo"):
+        if self.reference is not None and (plan.kl_loss
+                                           or plan.policy_loss_fn in REFERENCE_LOSSES):
             with torch.no_grad():
                 ref_logits = self.reference(**inputs, use_cache=False).logits
                 if packed is not None:
@@ -290,7 +295,7 @@ class Trainer:
         self.optimizer.zero_grad(set_to_none=True)
         if self.critic_optimizer is not None:
             self.critic_optimizer.zero_grad(set_to_none=True)
-        groups = pack(shard.records, self.config.trainer.micro_batch_tokens)
+        groups = pack(shard.records, self.config.trainer.micro_batch_tokens, self.pair_rows)
         passes = len(groups)
         if self.sharded:  # every rank runs as many passes as the busiest one
             passes = self._most(passes)

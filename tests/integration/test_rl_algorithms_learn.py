@@ -332,9 +332,13 @@ def test_a_student_distilled_on_policy_closes_half_its_gap_to_the_teacher(
     GRPO steps), scored on the same 500 held-out problems. DISTILL_STEPS steps of the
     student's own rollouts, each token's advantage the teacher's log-prob minus the
     student's, must close at least half of the gap in held-out accuracy; the reverse KL to
-    the teacher the explorers record must fall."""
+    the teacher the explorers record must fall. Distillation compares no rollouts of one
+    task, so each step's 64 rollouts go to 64 distinct problems (`explorer.repeat` 1): with
+    grpo.yaml's 8 problems x 8, learning seed 2 closed 0.51 of its gap in 20 steps and
+    0.46 in 40 (docs/algorithms.md)."""
     run = rl_run("on-policy-distill", "grpo.yaml",
                  f"algorithm={{algorithm_type: on_policy_distill, teacher_model: {teacher_model}}}",
+                 "explorer.repeat=1", "explorer.tasks_per_step=32",
                  f"trainer.steps={DISTILL_STEPS}", f"eval.interval={DISTILL_STEPS}")
     steps = json.loads((demo_run / "demo" / "summary.json").read_text())["stages"][-1][
         "trainer_steps"]

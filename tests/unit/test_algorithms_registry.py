@@ -55,7 +55,7 @@ def test_trinity_names_are_registered():
     assert {"ppo", "grpo", "rloo", "reinforceplusplus", "opmd"} <= set(ADVANTAGES)
     assert resolve_policy_loss("ppo") is ppo_policy_loss
     assert set(POLICY_LOSSES) == {"ppo", "opmd", "sft", "dpo", "mix", "gspo", "cispo", "sapo",
-                                  "clip_cov", "kl_cov", "simpo", "orpo"}
+                                  "clip_cov", "kl_cov", "simpo", "orpo", "kto"}
 
 
 def test_plugins_by_import_path(plugin):
@@ -76,8 +76,8 @@ def test_plugins_by_import_path(plugin):
 
 def test_unknown_names_list_the_known_ones():
     with pytest.raises(UserError, match="unknown policy loss 'ppo2'; registered: "
-                                        "cispo, clip_cov, dpo, gspo, kl_cov, mix, opmd, orpo, "
-                                        "ppo, sapo, sft, simpo"):
+                                        "cispo, clip_cov, dpo, gspo, kl_cov, kto, mix, opmd, "
+                                        "orpo, ppo, sapo, sft, simpo"):
         resolve_policy_loss("ppo2")
     with pytest.raises(UserError, match=r"unknown advantage function 'grp'; registered: .*grpo"):
         resolve_advantage("grp")

@@ -1,5 +1,5 @@
-"""SimPO and ORPO (`algorithms/preference_losses.py`) against an example worked by hand, and
-the direction of each one's gradient on a two-token policy.
+"""SimPO, ORPO (`algorithms/preference_losses.py`) and KTO (`algorithms/kto.py`) against
+examples worked by hand, and the direction of each one's gradient on a two-token policy.
 
 Two pairs, rows interleaved chosen, rejected: pair 0 chosen log-probs [-1.0, -2.0] (mean
 -1.5), rejected [-0.5, -1.5] (mean -1.0); pair 1 chosen [-0.2] (one trained token, mean
@@ -60,16 +60,56 @@ def test_orpo_adds_the_odds_ratio_to_the_chosen_nll():
     assert math.isfinite(loss)
 
 
-@pytest.mark.parametrize("name", ["simpo", "orpo"])
+def test_kto_judges_each_response_against_the_mismatched_reference_point():
+    # one trained token a row; rows per pair: chosen, rejected, mismatched (`collate_kto`).
+    # r = log p - log p_ref: pair 0 0.5, -1.0, 0.4; pair 1 0.0, 1.0, 0.2; z0 = mean(0.4, 0.2)
+    # = 0.3. Losses (beta 0.1): 1 - sigmoid(0.1 (r_c - z0)) = 0.4950002, 0.5074994 for the
+    # chosen, 1 - sigmoid(0.1 (z0 - r_r)) = 0.4675457, 0.5174929 for the rejected; mean
+    # over the four responses 0.4968845
+    logp = torch.tensor([[-1.0], [-2.0], [-3.0], [-0.5], [-1.0], [-2.0]], dtype=torch.float64,
+                        requires_grad=True)
+    ref = torch.tensor([[-1.5], [-1.0], [-3.4], [-0.5], [-2.0], [-2.2]], dtype=torch.float64)
+    mask = torch.ones(6, 1, dtype=torch.float64)
+    loss, m = compute_policy_loss("kto", PolicyLossInputs(logp=logp, mask=mask, ref_logp=ref))
+    loss.backward()
+    assert float(loss) == pytest.approx(0.4968845, abs=1e-7)
+    assert m["kto_kl"] == pytest.approx(0.3) and m["accuracy_mean"] == 0.5
+    # d/dr of each term: -beta s (1 - s) / 4 responses (chosen), +beta s (1 - s) / 4
+    # (rejected); the mismatched rows set the reference point only: no gradient
+    want = [[-0.00624938], [0.00622367], [0.0], [-0.00624859], [0.00624235], [0.0]]
+    assert torch.allclose(logp.grad, torch.tensor(want, dtype=torch.float64), atol=1e-8)
+    # a reference point below 0 is taken as 0 (a KL is never negative)
+    _, m = compute_policy_loss("kto", PolicyLossInputs(logp=logp, mask=mask,
+                                                       ref_logp=ref + 1.0))
+    assert m["kto_kl"] == 0.0
+
+
+@pytest.mark.parametrize("name", ["simpo", "orpo", "kto"])
 def test_a_step_on_each_preference_loss_raises_the_chosen_token(name):
-    """A policy over two tokens (logits theta) and one pair: token 0 chosen over token 1.
-    One gradient step raises p(token 0)."""
+    """A policy over two tokens (logits theta) and one pair: token 0 chosen over token 1
+    (KTO: the pair's third row, its mismatched response, is the lone pair's own chosen
+    one, and the reference is the policy before the step). One gradient step raises
+    p(token 0)."""
     theta = torch.zeros(2, dtype=torch.float64, requires_grad=True)
     logp_all = torch.log_softmax(theta, -1)
-    logp = torch.stack([logp_all[0], logp_all[1]])[:, None]
+    rows = [logp_all[0], logp_all[1], logp_all[0]] if name == "kto" else logp_all
+    logp = torch.stack(list(rows))[:, None]
     loss, _ = compute_policy_loss(name, PolicyLossInputs(
-        logp=logp, mask=torch.ones(2, 1, dtype=torch.float64)))
+        logp=logp, mask=torch.ones(len(logp), 1, dtype=torch.float64),
+        ref_logp=logp.detach()))
     loss.backward()
     with torch.no_grad():
         after = torch.softmax(theta - 0.5 * theta.grad, -1)
     assert float(after[0]) > 0.5, (name, theta.grad)
+
+
+def test_kto_rows_are_chosen_rejected_and_the_prompt_with_the_next_pairs_response():
+    from rft_hpc.batch.tokens import collate_kto
+    from rft_hpc.buffer.records import DPOPair
+
+    tb = collate_kto([DPOPair([1, 2, 3, 4], [1, 2, 5], 2), DPOPair([6, 7, 8], [6, 9, 9, 9], 1)])
+    rows = [tb.input_ids[i, :int(tb.attention_mask[i].sum())].tolist() for i in range(6)]
+    assert rows == [[1, 2, 3, 4], [1, 2, 5], [1, 2, 7, 8], [6, 7, 8], [6, 9, 9, 9], [6, 3, 4]]
+    # the responses are trained (the mask shifted by one, as the targets are)
+    assert tb.loss_mask[2].tolist() == [0.0, 1.0, 1.0] and tb.loss_mask[5].tolist() == [
+        1.0, 1.0, 0.0]
