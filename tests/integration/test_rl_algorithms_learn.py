@@ -144,10 +144,6 @@ def warm_model(demo_run: Path) -> Path:
     The warm-up keeps the demo's 500 held-out problems: the runs' 200 are the first of them
     (one seeded shuffle), so none was trained on. (With 200 held out, the SFT data and order
     change, and so does the warm-up's accuracy: ~50 % here, ~70 % there.)"""
-    from transformers import AutoModelForCausalLM
-
-    from rft_hpc.sync.weight_files import load_weights
-
     summary = json.loads((demo_run / "demo" / "summary.json").read_text())
     sft = summary["stages"][0]
     assert sft["name"] == "sft" and sft["trainer_steps"] == 350, sft
@@ -155,10 +151,19 @@ def warm_model(demo_run: Path) -> Path:
     print(f"SFT warm-up: held-out accuracy {accuracy:.3f}")
     # warmed enough to be rewarded often, and far enough from 100 % to show a gain
     assert 0.2 <= accuracy <= 0.75, accuracy
-    base = demo_run / "models" / "tiny"
+    return model_folder(demo_run / "models" / "tiny", demo_run / "demo" / "stages" / "0-sft",
+                        350, demo_run / "warm-model")
+
+
+def model_folder(base: Path, stage: Path, version: int, out: Path) -> Path:
+    """`out`: the model folder `base` (and its tokenizer) with the weights `version` that
+    the run's `stage` published."""
+    from transformers import AutoModelForCausalLM
+
+    from rft_hpc.sync.weight_files import load_weights
+
     model = AutoModelForCausalLM.from_pretrained(base)
-    model.load_state_dict(load_weights(demo_run / "demo" / "stages" / "0-sft" / "weights", 350))
-    out = demo_run / "warm-model"
+    model.load_state_dict(load_weights(stage / "weights", version))
     model.save_pretrained(out, safe_serialization=True)
     for f in base.iterdir():
         if f.name.startswith("tokenizer") or f.name == "special_tokens_map.json":
@@ -170,21 +175,10 @@ def warm_model(demo_run: Path) -> Path:
 def teacher_model(demo_run: Path, warm_model: Path) -> Path:
     """The demo's final weights (its GRPO stage's last version) as a model folder with the
     warm-up's tokenizer: on-policy distillation's teacher."""
-    from transformers import AutoModelForCausalLM
-
-    from rft_hpc.sync.weight_files import load_weights
-
     steps = json.loads((demo_run / "demo" / "summary.json").read_text())["stages"][-1][
         "trainer_steps"]
-    model = AutoModelForCausalLM.from_pretrained(warm_model)
-    model.load_state_dict(load_weights(demo_run / "demo" / "stages" / "1-grpo" / "weights",
-                                       steps))
-    out = demo_run / "teacher-model"
-    model.save_pretrained(out, safe_serialization=True)
-    for f in warm_model.iterdir():
-        if f.name.startswith("tokenizer") or f.name == "special_tokens_map.json":
-            shutil.copy(f, out / f.name)
-    return out
+    return model_folder(warm_model, demo_run / "demo" / "stages" / "1-grpo", steps,
+                        demo_run / "teacher-model")
 
 
 @pytest.fixture(scope="module")
