@@ -109,7 +109,8 @@ def test_an_unimportable_reward_fails_each_call_with_the_reason():
 def test_rewards_the_explorer_computes_itself_start_no_worker():
     # exact_match (IN_PROCESS_REWARDS) is scored in the caller: a run of such rewards never
     # starts a worker, nor the fork server that would import the rewards
-    with RewardPool(workers=4, timeout=5.0) as pool:
+    # (one worker at most: a slow first call may otherwise add a second, as it should)
+    with RewardPool(workers=1, timeout=5.0) as pool:
         outcomes = pool.score(calls("exact_match", n=3))
         assert [o.score for o in outcomes] == [0.0, 0.0, 0.0]  # "4" is not "#### 4"
         assert (pool.size, pool.peak) == (0, 0)
