@@ -27,10 +27,10 @@ import numpy as np
 from rft_hpc import __version__
 from rft_hpc.buffer.segment import (
     LIBVER,
-    SCHEMA_VERSION,
     SCHEMAS,
     BadContent,
     Segment,
+    needed_version,
     parse_segment_name,
     read_judged,
     read_segment_once,
@@ -236,7 +236,7 @@ def write_archive_file(path: Path, parts: list[Segment], *, writer: str) -> int:
     dtypes.update({s: "|u1" for s in schema.strings})
     offsets = {g.offsets for g in schema.groups}
     with h5py.File(path, "w", libver=LIBVER, driver="sec2") as f:
-        attrs = {"schema_version": SCHEMA_VERSION, "kind": kind, "writer": writer,
+        attrs = {"schema_version": needed_version(kind, lengths), "kind": kind, "writer": writer,
                  "step_start": parts[0].step_start, "step_end": parts[-1].step_end,
                  "num_records": sum(counts), "num_segments": len(parts),
                  "created": time.time(), "producer": f"rft-hpc {__version__}"}

@@ -17,7 +17,7 @@ import json
 import os
 import re
 import zlib
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
@@ -31,8 +31,9 @@ from rft_hpc.core.errors import UserError
 from rft_hpc.core.retry import PROCESS_RETRY, Retrier, StillUnreadable, io_errno
 
 SCHEMA_VERSION = 3
-"""The newest segment schema this rft-hpc reads and the one it writes: 3 added the optional
-token-aligned datasets (`SequenceGroup.optional`), which a reader of version 2 would ignore."""
+"""The newest segment schema this rft-hpc reads: 3 added the optional token-aligned datasets
+(`SequenceGroup.optional`), which a reader of version 2 would ignore. A file says the
+oldest version that reads it whole (`needed_version`)."""
 LIBVER = ("v110", "v110")  # readable by any HDF5 >= 1.10; metadata carries checksums
 _NAME = re.compile(r"^(\d+)\.h5$")
 
@@ -73,6 +74,14 @@ class KindSchema:
             names += [g.offsets, *(c for c, _ in g.columns)]
             names += [c for c, _ in g.optional] if optional else []
         return names + [s for s, _ in self.scalars] + list(self.strings)
+
+
+def needed_version(kind: str, names: Collection[str]) -> int:
+    """The schema version a file of `kind` with the datasets `names` says it is: 3 when it
+    holds an optional dataset, else 2, so that an older rft-hpc still reads every file it
+    can read whole and refuses the others."""
+    optional = {c for g in SCHEMAS[kind].groups for c, _ in g.optional}
+    return SCHEMA_VERSION if optional & set(names) else 2
 
 
 SCHEMAS: dict[str, KindSchema] = {

@@ -30,9 +30,9 @@ from rft_hpc import __version__
 from rft_hpc.buffer.records import Record
 from rft_hpc.buffer.segment import (
     LIBVER,
-    SCHEMA_VERSION,
     SCHEMAS,
     KindSchema,
+    needed_version,
     unpack_strings,
 )
 
@@ -276,7 +276,8 @@ def write_segment_file(path: os.PathLike[str] | str, kind: str, records: Sequenc
     wait = _beside(lambda: crcs.extend(_crc(c) for c in cols), sum(c.nbytes for c in cols))
     try:
         _write_file(path, cols, crcs, wait, {
-            "schema_version": SCHEMA_VERSION, "kind": kind, "writer": writer,
+            "schema_version": needed_version(kind, [c.name for c in cols]), "kind": kind,
+            "writer": writer,
             "step_start": step_start, "step_end": step_end, "num_records": len(records),
             "created": time.time(), "producer": f"rft-hpc {__version__}"})
     finally:

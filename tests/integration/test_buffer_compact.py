@@ -105,7 +105,7 @@ def test_archives_hold_every_record_under_its_segment_identity(buffer_dir: Path,
     assert export_jsonl(buffer_dir, tmp_path / "out.jsonl", warn=print) == len(before)
     # A plain h5py reader sees an archive as one big segment plus its index.
     with h5py.File(buffer_dir / "w2" / "archive-00000000-00000017.h5", "r") as f:
-        assert f.attrs["schema_version"] == 3 and f.attrs["num_segments"] == 17
+        assert f.attrs["schema_version"] == 2 and f.attrs["num_segments"] == 17
         assert list(f["segment_start"][:]) == list(range(17))
         assert len(f["offsets"]) == f.attrs["num_records"] + 1
 

@@ -55,7 +55,7 @@ def test_segment_is_readable_with_plain_h5py_as_documented(tmp_path):
     recs = _experiences(3)
     path = SegmentWriter(tmp_path, "explorer-0", "rl").write_step(0, recs)
     with h5py.File(path, "r") as f:
-        assert f.attrs["schema_version"] == SCHEMA_VERSION
+        assert f.attrs["schema_version"] == 2  # no optional dataset (test_teacher_column.py)
         assert f.attrs["kind"].decode() == "rl"
         off, tok = f["offsets"][:], f["tokens"][:]
         assert f.attrs["num_records"] == len(recs)

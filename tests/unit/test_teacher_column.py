@@ -33,8 +33,8 @@ def test_a_segment_holds_the_dataset_only_when_a_record_has_it(tmp_path):
         # record 1 has none: NaN over its tokens; record 2's values as written
         assert np.isnan(teacher[off[1]:off[2]]).all()
         assert np.array_equal(teacher[off[2]:off[3]], with_teacher[2].teacher_logprobs)
-    with h5py.File(second, "r") as f:
-        assert "teacher_logprobs" not in f
+    with h5py.File(second, "r") as f:  # readable whole by rft-hpc before schema 3
+        assert "teacher_logprobs" not in f and f.attrs["schema_version"] == 2
     assert read_segment(first).records() == with_teacher
     assert read_segment(second).records() == without
     assert [r.teacher_logprobs is None for r in read_segment(first).records()] == [
@@ -55,12 +55,14 @@ def test_an_archive_of_segments_with_and_without_keeps_each_record(tmp_path):
     parts = [read_segment(w.write_step(s, recs)) for s, recs in enumerate(records)]
     archive = tmp_path / "archive.h5"
     write_archive_file(archive, parts, writer="explorer-0")
+    with h5py.File(archive, "r") as f:
+        assert f.attrs["schema_version"] == 3
     back = read_archive(archive)
     assert [seg.records() for seg in back] == records
     none = tmp_path / "none.h5"
     write_archive_file(none, [parts[0], parts[2]], writer="explorer-0")
     with h5py.File(none, "r") as f:
-        assert "teacher_logprobs" not in f
+        assert "teacher_logprobs" not in f and f.attrs["schema_version"] == 2
 
 
 def test_jsonl_export_and_import_carry_teacher_logprobs(tmp_path):
