@@ -9,7 +9,8 @@ explorer. Tasks of a data file that name their own reward are checked the same w
 reward model's folder must hold a one-label sequence classifier with a tokenizer and a pad
 token (its config and tokenizer are read, not its weights), at the term's `model` key; an
 LLM judge's folder a causal LM with a tokenizer, at its `judge` key, and its parser must
-import and take `(answer, **parser_args)`, at its `parser` (or `parser_args`) key.
+import and take `(answer, **parser_args)`, at its `parser` (or `parser_args`) key. A
+distillation teacher's folder (`algorithm.teacher_model`) is checked as a judge's is.
 """
 
 from __future__ import annotations
@@ -84,10 +85,10 @@ def model_problem(folder: Path) -> str | None:
     return None
 
 
-def judge_problem(folder: Path, what: str = "judge") -> str | None:
-    """Why `folder` cannot be an LLM judge (or another causal LM: `what`, e.g. a teacher;
-    missing, not a Hugging Face folder, not a causal LM, no tokenizer), or None when it
-    can. Reads the folder's config and tokenizer, not its weights."""
+def causal_lm_problem(folder: Path, what: str) -> str | None:
+    """Why `folder` cannot be the causal LM `what` names (an LLM judge, a teacher): missing,
+    not a Hugging Face folder, not a causal LM, no tokenizer; None when it can. Reads the
+    folder's config and tokenizer, not its weights."""
     where = "" if folder.is_absolute() else f" (looked in {Path.cwd()})"
     if not folder.exists():
         return f"{what} folder {str(folder)!r} does not exist{where}"
@@ -136,7 +137,7 @@ def _term_problems(keys: tuple[Key, ...], term: AnyRewardSpec,
                    ) -> Iterator[tuple[tuple[Key, ...], str]]:
     """(key path, problem) of one reward term at `keys`."""
     if isinstance(term, JudgeSpec):
-        found_judge = judge_problem(term.judge)
+        found_judge = causal_lm_problem(term.judge, "judge")
         if found_judge:
             yield (*keys, "judge"), found_judge
         found_parser = parser_problem(term.parser, term.parser_args)
@@ -213,7 +214,7 @@ def teacher_problems(config: ExperimentConfig) -> Iterator[tuple[tuple[Key, ...]
         if folder is None or stage.mode != "both":
             continue
         where: tuple[Key, ...] = ("stages", index) if config.stages else ()
-        found = judge_problem(Path(folder), "teacher")
+        found = causal_lm_problem(Path(folder), "teacher")
         if found:
             yield (*where, "algorithm", "teacher_model"), found
         if stage.explorer.workflow.type != "single_turn":
