@@ -76,14 +76,6 @@ class KindSchema:
         return names + [s for s, _ in self.scalars] + list(self.strings)
 
 
-def needed_version(kind: str, names: Collection[str]) -> int:
-    """The schema version a file of `kind` with the datasets `names` says it is: 3 when it
-    holds an optional dataset, else 2, so that an older rft-hpc still reads every file it
-    can read whole and refuses the others."""
-    optional = {c for g in SCHEMAS[kind].groups for c, _ in g.optional}
-    return SCHEMA_VERSION if optional & set(names) else 2
-
-
 SCHEMAS: dict[str, KindSchema] = {
     "rl": KindSchema(
         "rl",
@@ -104,6 +96,14 @@ SCHEMAS: dict[str, KindSchema] = {
         (("prompt_length", "<i4"), ("created", "<f8")),
     ),
 }
+
+
+def needed_version(kind: str, names: Collection[str]) -> int:
+    """The schema version a file of `kind` with the datasets `names` says it is: 3 when it
+    holds an optional dataset, else 2, so that an older rft-hpc still reads every file it
+    can read whole and refuses the others."""
+    optional = {c for g in SCHEMAS[kind].groups for c, _ in g.optional}
+    return SCHEMA_VERSION if optional & set(names) else 2
 
 
 class CorruptSegment(Exception):

@@ -51,7 +51,6 @@ class HFTeacher:
                             "must share one vocabulary")
         self.model = model.to(device).eval()
         self.device = torch.device(device)
-        self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
         self.temperature, self.batch_size = temperature, batch_size
 
     @torch.no_grad()
@@ -59,7 +58,8 @@ class HFTeacher:
         """See `TeacherScorer.score`."""
         for start in range(0, len(records), self.batch_size):
             chunk = records[start:start + self.batch_size]
-            batch = collate(chunk, pad_id=self.pad_id).to(self.device)
+            # padded with token 0: padding lies outside the attention and every read below
+            batch = collate(chunk).to(self.device)
             logp = token_logprobs(self.model, batch, self.temperature).float().cpu().numpy()
             for row, record in zip(logp, chunk, strict=True):
                 n = len(record.tokens)

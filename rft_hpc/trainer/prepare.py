@@ -8,7 +8,7 @@ and each rank receives its rows with its `Shard`; everything else is per row.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 import torch
@@ -20,7 +20,7 @@ from rft_hpc.algorithms.off_policy import correction_weights
 from rft_hpc.algorithms.registry import PAIR_LOSSES, compute_advantages
 from rft_hpc.algorithms.value import ValueHeadModel
 from rft_hpc.batch.logprobs import token_logprobs
-from rft_hpc.batch.tokens import TokenBatch, collate, collate_dpo, collate_kto
+from rft_hpc.batch.tokens import KTO_ROWS_PER_PAIR, TokenBatch, collate, collate_dpo, collate_kto
 from rft_hpc.buffer.reader import Batch
 from rft_hpc.buffer.records import DPOPair, Experience, Record, SFTSample
 from rft_hpc.core.errors import UserError
@@ -28,17 +28,28 @@ from rft_hpc.trainer.algorithm import AlgorithmPlan
 from rft_hpc.trainer.distributed import Shard, shard_batch
 from rft_hpc.trainer.versions import PolicyVersions
 
+PAIR_LAYOUTS: dict[str, tuple[Callable[..., TokenBatch], int]] = {
+    "kto": (collate_kto, KTO_ROWS_PER_PAIR)}
+"""The pair losses whose pairs collate otherwise than DPO's two rows: the loss's name ->
+(its collate function, rows per pair)."""
+
+
+def pair_layout(plan: AlgorithmPlan) -> tuple[Callable[..., TokenBatch], int]:
+    """How the plan's loss collates a preference pair, and into how many rows (the
+    micro-batch budget counts them)."""
+    return PAIR_LAYOUTS.get(plan.policy_loss_fn, (collate_dpo, 2))
+
 
 def collate_for(plan: AlgorithmPlan, records: Sequence[Record], pad_id: int) -> TokenBatch:
-    """The records as the plan's loss reads them: DPO pairs as two rows each, else one row
-    per record; refuses records the algorithm cannot train on."""
+    """The records as the plan's loss reads them: preference pairs as `pair_layout` lays
+    them out, else one row per record; refuses records the algorithm cannot train on."""
     if plan.type == "dpo" or plan.policy_loss_fn in PAIR_LOSSES:
         if not all(isinstance(r, DPOPair) for r in records):
             raise UserError(f"{plan.policy_loss_fn} trains on preference pairs; the buffer "
                             "holds other records (import pairs with `rft-hpc buffer import "
                             "--kind dpo`)")
-        pair_rows = collate_kto if plan.policy_loss_fn == "kto" else collate_dpo
-        return pair_rows(records, pad_id=pad_id)  # type: ignore[arg-type]
+        pairs, _ = pair_layout(plan)
+        return pairs(records, pad_id=pad_id)
     if any(isinstance(r, DPOPair) for r in records):
         raise UserError(f"{plan.type} cannot train on DPO pairs found in the buffer")
     if plan.is_rl and plan.type != "mix" and not all(isinstance(r, Experience)
@@ -177,9 +188,9 @@ class BatchPreparer:
             values = self.critic.token_values(dev).float().cpu()
             fields["values"] = values
             extra["old_values"] = values
-        if plan.advantage_fn == "remax":
-            fields["baselines"] = greedy_baselines([records[i] for i in rl_rows.tolist()])
         rollouts = [records[i] for i in rl_rows.tolist()]
+        if plan.advantage_fn == "remax":
+            fields["baselines"] = greedy_baselines(rollouts)
         if plan.advantage_fn == "on_policy_distill" or any(
                 getattr(r, "teacher_logprobs", None) is not None for r in rollouts):
             fields["teacher_logprobs"] = teacher_logprobs(rollouts, mask.shape[1],

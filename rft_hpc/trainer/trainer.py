@@ -35,7 +35,6 @@ from rft_hpc.algorithms import (
 from rft_hpc.algorithms.registry import REFERENCE_LOSSES
 from rft_hpc.batch.logprobs import target_logprobs
 from rft_hpc.batch.shared_prompts import attention_kind, pack_shared_prompts
-from rft_hpc.batch.tokens import KTO_ROWS_PER_PAIR
 from rft_hpc.buffer.reader import Batch
 from rft_hpc.config import ExperimentConfig
 from rft_hpc.engines.hf import HFEngine, load_policy
@@ -53,7 +52,13 @@ from rft_hpc.trainer.distributed import (
 from rft_hpc.trainer.lora import trainable
 from rft_hpc.trainer.lr_schedule import build_scheduler
 from rft_hpc.trainer.micro import drop_oversized, pack, sub_shard
-from rft_hpc.trainer.prepare import BatchPreparer, collate_for, expert_rows, old_logprobs
+from rft_hpc.trainer.prepare import (
+    BatchPreparer,
+    collate_for,
+    expert_rows,
+    old_logprobs,
+    pair_layout,
+)
 from rft_hpc.trainer.step_metrics import LocalMetrics, merge_metrics
 
 log = logging.getLogger(__name__)
@@ -88,7 +93,7 @@ class Trainer:
         self.config = config
         self.dist = dist if dist is not None else DistContext()
         self.plan = AlgorithmPlan.of(config)
-        self.pair_rows = KTO_ROWS_PER_PAIR if self.plan.policy_loss_fn == "kto" else 2
+        _, self.pair_rows = pair_layout(self.plan)
         """Rows a preference pair collates to (`collate_for`), for the micro-batch budget."""
         tcfg = config.trainer
         self.backend = build_backend(config, self.dist)
