@@ -101,4 +101,8 @@ else
   log "installing rft-hpc"
   pip_install "${constraints[@]}" -e ".[lora]"
 fi
+# The editable install leaves rft_hpc as sources: where PYTHONDONTWRITEBYTECODE is set (as
+# in many containers) every process would compile the modules it imports again, ~0.5 CPU-s
+# for each role, job step and CLI call. Bytecode written once here is what they all load.
+.venv/bin/python -m compileall -q -j 0 rft_hpc tools tests >/dev/null
 log "done: $(.venv/bin/rft-hpc --version)"

@@ -57,6 +57,20 @@ def load_policy(model_path: str | Path, dtype: str = "float32",
     return tokenizer, model
 
 
+def weights_misfits(state_dict: Mapping[str, torch.Tensor],
+                    targets: Mapping[str, torch.Tensor], most: int = 5) -> list[str]:
+    """What keeps `state_dict` from loading into a model whose tensors are `targets`: the
+    tensors it lacks, those it has in excess and those of another shape (at most `most`
+    of each); empty when it fits."""
+    missing = [k for k in targets if k not in state_dict]
+    extra = [k for k in state_dict if k not in targets]
+    shapes = [f"{k} {tuple(t.shape)} for {tuple(targets[k].shape)}"
+              for k, t in state_dict.items() if k in targets and t.shape != targets[k].shape]
+    return [f"{what} {', '.join(keys[:most])}{' ...' if len(keys) > most else ''}"
+            for what, keys in (("missing", missing), ("unexpected", extra),
+                               ("shape", shapes)) if keys]
+
+
 class HFEngine:
     """Generates groups of completions for token-id prompts with a transformers model (an
     `engines.protocol.StreamingEngine`)."""
@@ -92,12 +106,14 @@ class HFEngine:
         self.lora = lora
         """The LoRA adapter the versions are (None: they are whole models)."""
         self._queue: deque[GroupRequest] = deque()
+        self._targets: tuple[torch.nn.Module, dict[str, torch.Tensor]] | None = None
 
     def load_weights(self, state_dict: Mapping[str, torch.Tensor], version: int) -> None:
         """Replace the model's weights in place with a published state dict (copied: the
         caller may reuse its tensors afterwards): a whole model's, or with `lora` set an
         adapter's, which goes into the adapter (added at the first one) and leaves the base
-        as it is. Either must hold every tensor of its model (ValueError otherwise)."""
+        as it is. A whole model's must hold every tensor of the model, each of its shape, and
+        no other (ValueError naming what does not fit otherwise, and nothing is loaded)."""
         if self.lora is not None and is_adapter_state(state_dict):
             self.enable_lora()
             load_adapter_state(self.model, state_dict)
@@ -105,8 +121,22 @@ class HFEngine:
             raise ValueError(f"weights {version} are a whole model, but this engine applies "
                              "LoRA adapters: load whole models before the adapter is added")
         else:
-            self.model.load_state_dict(state_dict, strict=True)
+            targets = self._weights_of_model()
+            misfits = weights_misfits(state_dict, targets)
+            if misfits:
+                raise ValueError(f"weights {version} do not fit the engine's model: "
+                                 + "; ".join(misfits))
+            with torch.no_grad():  # load_state_dict's copies, without its walk of modules
+                for name, tensor in state_dict.items():
+                    targets[name].copy_(tensor)
         self.version = version
+
+    def _weights_of_model(self) -> dict[str, torch.Tensor]:
+        """The model's own parameters and buffers by state-dict name (kept while the model
+        object is the same)."""
+        if self._targets is None or self._targets[0] is not self.model:
+            self._targets = (self.model, self.model.state_dict(keep_vars=True))
+        return self._targets[1]
 
     def enable_lora(self, seed: int = 0) -> None:
         """Add the `lora` adapter to the model (once; a fresh adapter changes no output; its

@@ -48,12 +48,12 @@ def completion_to_experience(task: Task, prompt: Sequence[int], completion: Comp
     info: dict = {"response": completion.text, "finished": completion.finished}
     if len(spans) > 1:
         info.update(last_version=spans[-1][0], version_spans=[list(x) for x in spans])
+    logprobs = np.zeros(n_prompt + n_resp, np.float32)
+    logprobs[n_prompt:] = completion.logprobs
     return Experience(
         tokens=np.asarray([*prompt, *completion.tokens], dtype=np.int32),
-        prompt_length=n_prompt,
-        response_mask=np.r_[np.zeros(n_prompt, np.uint8), np.ones(n_resp, np.uint8)],
-        logprobs=np.r_[np.zeros(n_prompt, np.float32),
-                       np.asarray(completion.logprobs, np.float32)],
+        prompt_length=n_prompt,  # the default mask: 0 over the prompt, 1 after it
+        logprobs=logprobs,
         reward=reward, task_id=task.task_id, group_id=group_id, taskset=task.taskset,
         policy_version=version if completion.first_version is None else
         completion.first_version, step=step, info=info)

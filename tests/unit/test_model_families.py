@@ -162,6 +162,24 @@ def test_engine_trainer_step_and_published_weights(tmp_path: Path, models: dict[
     assert [c.logprobs for c in after] != [c.logprobs for c in before]
 
 
+def test_engine_refuses_weights_that_do_not_fit_its_model(models: dict[str, Path]) -> None:
+    """A state dict with a tensor of another shape, a key too few or one too many loads
+    nothing: the error names the tensor, and the engine keeps its weights and version."""
+    engine = HFEngine(models["qwen3"])
+    start = {k: v.clone() for k, v in engine.model.state_dict().items()}
+    other = {k: v + 1 for k, v in start.items()}  # would change every tensor it loaded
+    wrong_shape = {**other, "model.norm.weight": torch.ones(3)}
+    missing = {k: v for k, v in other.items() if k != "model.norm.weight"}
+    extra = {**other, "model.extra.weight": torch.ones(3)}
+    for state, what in ((wrong_shape, r"shape model\.norm\.weight \(3,\) for \(\d+,\)"),
+                        (missing, r"missing model\.norm\.weight"),
+                        (extra, r"unexpected model\.extra\.weight")):
+        with pytest.raises(ValueError, match=what):
+            engine.load_weights(state, 1)
+    assert engine.version == 0
+    assert all(torch.equal(v, start[k]) for k, v in engine.model.state_dict().items())
+
+
 def test_model_init_and_dtype_auto_in_a_config(tmp_path: Path) -> None:
     """`model.init: tiny-qwen3` builds that family's model where `model.path` points;
     `model.dtype: auto` is a valid setting, resolved where the weights are loaded."""
