@@ -241,3 +241,6 @@ def test_fsdp_role_publishes_and_checkpoints_full_weights(tmp_path, tiny_model):
 if __name__ == "__main__" and sys.argv[1] == "fsdp":
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     fsdp_worker(*sys.argv[2:])
+    from rft_hpc.runtime.exit import leave_process
+
+    leave_process(0)  # as `rft-hpc role trainer` ends: not through gloo's teardown

@@ -117,3 +117,6 @@ if __name__ == "__main__":
     else:
         m, w, c, t, p, o, i = sys.argv[1:]
         main(m, w, c, int(t), int(p), o, i)
+    from rft_hpc.runtime.exit import leave_process
+
+    leave_process(0)  # as `rft-hpc role trainer` ends: not through gloo's teardown

@@ -314,3 +314,6 @@ def test_demo_run_with_the_megatron_backend_publishes_weights(tmp_path, tiny_mod
 if __name__ == "__main__":
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     megatron_worker(*sys.argv[1:])
+    from rft_hpc.runtime.exit import leave_process
+
+    leave_process(0)  # as `rft-hpc role trainer` ends: not through gloo's teardown

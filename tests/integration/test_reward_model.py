@@ -168,4 +168,7 @@ def test_one_step_on_two_ranks_equals_one_process(tmp_path):
 
 
 if __name__ == "__main__" and sys.argv[1] == "step":
+    from rft_hpc.runtime.exit import leave_process
+
     _rank_step(*sys.argv[2:])
+    leave_process(0)  # as `rft-hpc role trainer` ends: not through gloo's teardown

@@ -329,4 +329,7 @@ def test_launch_from_the_environment(tmp_path):
 
 
 if __name__ == "__main__" and sys.argv[1] == "step":
+    from rft_hpc.runtime.exit import leave_process
+
     step_worker(*sys.argv[2:])
+    leave_process(0)  # as `rft-hpc role trainer` ends: not through gloo's teardown
