@@ -104,5 +104,7 @@ fi
 # The editable install leaves rft_hpc as sources: where PYTHONDONTWRITEBYTECODE is set (as
 # in many containers) every process would compile the modules it imports again, ~0.5 CPU-s
 # for each role, job step and CLI call. Bytecode written once here is what they all load.
-.venv/bin/python -m compileall -q -j 0 rft_hpc tools tests >/dev/null
+compiled=(rft_hpc tools)
+[ "$with_tests" -eq 1 ] && compiled+=(tests)  # the suite's Slurm jobs import its helpers
+.venv/bin/python -m compileall -q -j 0 "${compiled[@]}" >/dev/null
 log "done: $(.venv/bin/rft-hpc --version)"

@@ -57,7 +57,7 @@ def load_policy(model_path: str | Path, dtype: str = "float32",
     return tokenizer, model
 
 
-def weights_misfits(state_dict: Mapping[str, torch.Tensor],
+def _misfits(state_dict: Mapping[str, torch.Tensor],
                     targets: Mapping[str, torch.Tensor], most: int = 5) -> list[str]:
     """What keeps `state_dict` from loading into a model whose tensors are `targets`: the
     tensors it lacks, those it has in excess and those of another shape (at most `most`
@@ -122,7 +122,7 @@ class HFEngine:
                              "LoRA adapters: load whole models before the adapter is added")
         else:
             targets = self._weights_of_model()
-            misfits = weights_misfits(state_dict, targets)
+            misfits = _misfits(state_dict, targets)
             if misfits:
                 raise ValueError(f"weights {version} do not fit the engine's model: "
                                  + "; ".join(misfits))
