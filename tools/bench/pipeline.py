@@ -13,7 +13,11 @@ step. It measures, each figure beside the limit it is held to, in the same run:
     diagnostic held to no target, the same on one core after 0.1 s of sleep before each,
     as a role runs when the roles take turns (this machine runs the first step after an
     idle spell slower); and the ceiling of any synchronous loop: one process that generates
-    a step and trains on it, back to back, with no second process, sync or files;
+    a step and trains on it, back to back, with no second process, sync or files; and the
+    colocated mechanism alone: the two loops in threads of one process, their compute on
+    one device thread, weights through the in-memory handover, and nothing else (no buffer,
+    ledger, metrics, heartbeats or logs): what (b) colocated would reach without its
+    bookkeeping (tools/bench/pipeline_timings.py);
 (b) shared cores, as `rft-hpc run` on a laptop: the loop's completions/s with the default
     settings (`sync.offset: 0`, threads left to rft-hpc), which run the explorer and the
     trainer colocated in one process (`launch.colocate: auto`), against 64 / (t_gen +
@@ -54,12 +58,13 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
-BATCH, TASKS, REPEAT, TOKENS = 64, 8, 8, 5
+from tools.bench.pipeline_timings import REPEAT, TASKS, measure  # noqa: E402  (after the path)
+
+BATCH, TOKENS = TASKS * REPEAT, 5
 WARM = 2  # trainer steps left out of a loop's rate
 IDLE = 0.1  # seconds a role sleeps between its steps when roles take turns (diagnostic)
 REWARD = "tools.bench.pipeline_reward:delayed"
@@ -80,69 +85,6 @@ trainer: {{lr: 1.0e-5, batch_size: {BATCH}, steps: {steps}, save_interval: 10000
 sync: {{method: checkpoint, interval: 1, offset: 0}}
 eval: {{interval: 0}}
 """
-
-
-# --- (a): one explorer step's generation, one batch's train step, in a child process ------
-
-def _measure(kind: str, config_path: Path, reps: int, idle: float = 0.0) -> float:
-    """Median seconds of `reps` generations or train steps of the bench's batch shape in
-    this process (after two unmeasured ones), each after `idle` seconds of sleep."""
-    from rft_hpc.config import load_config
-    from rft_hpc.engines.hf import HFEngine
-    from rft_hpc.tasks.source import build_tasks
-    from rft_hpc.trainer.trainer import Trainer
-
-    config = load_config(config_path)
-    tasks, _ = build_tasks(config.tasks, 0)
-    engine = HFEngine(config.model.path)
-    prompts = [engine.prompt_ids(t) for t in tasks[:TASKS]]
-
-    def generate(seed: int):
-        return engine.generate(prompts, n=REPEAT, max_new_tokens=config.explorer.max_new_tokens,
-                               temperature=1.0, seed=seed)
-
-    trainer = Trainer(config) if kind != "gen" else None
-    batch = _batch(tasks, prompts, generate(0)) if kind == "train" else None
-
-    def work(i: int) -> None:
-        if trainer is None:
-            generate(i)
-        else:  # "loop": generate, then train on it (no sync, no files); "train": one batch
-            trainer.step(batch if batch is not None else _batch(tasks, prompts, generate(i)),
-                         version=i)
-
-    times = []
-    for i in range(reps + 2):
-        time.sleep(idle)
-        t0 = time.perf_counter()
-        work(i)
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times[2:])
-
-
-def _batch(tasks: list, prompts: list, groups: list) -> Any:
-    """A trainer batch of one explorer step's groups, with random 0/1 rewards."""
-    import numpy as np
-
-    from rft_hpc.buffer.reader import Batch
-    from rft_hpc.explorer.workflow import completion_to_experience
-
-    rng = np.random.default_rng(0)
-    records = [completion_to_experience(task, p, c, reward=float(rng.integers(2)),
-                                        group_id=j, version=0, step=0)
-               for j, (task, p, group) in enumerate(zip(tasks, prompts, groups, strict=False))
-               for c in group]
-    return Batch(records=records, weights=[1.0] * len(records), uses=[0] * len(records))
-
-
-def measure(kind: str, config_path: Path, cpus: list[int], reps: int = 15,
-            idle: float = 0.0) -> float:
-    """`_measure` in a child pinned to `cpus` with one torch thread per core."""
-    cmd = [sys.executable, __file__, "--measure", kind, "--config", str(config_path),
-           "--cpus", ",".join(map(str, cpus)), "--reps", str(reps), "--idle", str(idle)]
-    out = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, check=True,
-                         env=dict(os.environ, OMP_NUM_THREADS=str(len(cpus))))
-    return float(json.loads(out.stdout.strip().splitlines()[-1])["seconds"])
 
 
 # --- (b)-(d): whole loops through rft-hpc run ----------------------------------------------
@@ -203,7 +145,8 @@ def bench(work: Path, steps: int, tokens: int = TOKENS, parts: str = "abcd") -> 
                  gen_1_idle=measure("gen", config_path, one, idle=IDLE),
                  train_1_idle=measure("train", config_path, one, idle=IDLE),
                  loop_all=measure("loop", config_path, cores),
-                 loop_1=measure("loop", config_path, one))
+                 loop_1=measure("loop", config_path, one),
+                 colocated_all=measure("colocated", config_path, cores))
         limit_b = BATCH / (t["gen_all"] + t["train_all"])
         colocated = run_loop(work, "colocated", config_path)  # the default placement
         out["b_colocated"] = {**colocated, "limit": limit_b,
@@ -282,6 +225,10 @@ def report_bc(r: dict) -> None:
           f"{t['loop_1'] * 1e3:.1f} ms on 1: the most any loop can reach is "
           f"{(t['gen_all'] + t['train_all']) / t['loop_all']:.3f} of (b)'s limit and "
           f"{(t['gen_1'] + t['train_1']) / t['loop_1']:.3f} of (c)'s sync limit")
+    print(f"    the two colocated loops with nothing else (explorer thread, trainer thread, one "
+          f"device thread, the in-memory handover; no buffer, ledger, metrics, heartbeats or "
+          f"logs): {t['colocated_all'] * 1e3:.1f} ms a step on {r['cores']} cores: "
+          f"{(t['gen_all'] + t['train_all']) / t['colocated_all']:.3f} of (b)'s limit")
     rows = [("(b) shared cores, default config", r["b_colocated"], 0.9,
              "64/(t_gen+t_train), all"),
             ("(b) shared, split (colocate=false)", r["b_shared"], 0.9,
@@ -326,7 +273,7 @@ def report_d(r: dict) -> None:
 
 
 def main() -> int:
-    """Run the bench (or, with --measure, one timing child)."""
+    """Run the bench."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, default=16, help="trainer steps per loop [16]")
     ap.add_argument("--runs", type=int, default=1, help="whole benches, one after another")
@@ -335,21 +282,7 @@ def main() -> int:
                          "costs are per step")
     ap.add_argument("--json", type=Path, help="also write the figures here")
     ap.add_argument("--parts", default="abcd", help="which loops to run [abcd]; (a) always")
-    ap.add_argument("--measure", choices=("gen", "train", "loop"), help=argparse.SUPPRESS)
-    ap.add_argument("--config", type=Path, help=argparse.SUPPRESS)
-    ap.add_argument("--cpus", help=argparse.SUPPRESS)
-    ap.add_argument("--reps", type=int, default=15, help=argparse.SUPPRESS)
-    ap.add_argument("--idle", type=float, default=0.0, help=argparse.SUPPRESS)
     args = ap.parse_args()
-    if args.measure:
-        import torch
-
-        cpus = [int(c) for c in args.cpus.split(",")]
-        os.sched_setaffinity(0, cpus)
-        torch.set_num_threads(len(cpus))
-        print(json.dumps({"seconds": _measure(args.measure, args.config, args.reps,
-                                              args.idle)}))
-        return 0
     results = []
     for i in range(args.runs):
         with tempfile.TemporaryDirectory(prefix="rft-bench-pipeline-") as tmp:
