@@ -56,8 +56,9 @@ sys.meta_path.insert(0, _NoVLLM())
 def test_grpo_check_without_vllm_runs_grpo_on_hf_and_reports_both_rates(tmp_path: Path,
                                                                         lora: int) -> None:
     """grpo_check.py's tiny shape through `rft-hpc run` where vLLM is missing: the HF engine,
-    `"vllm": "missing"`, every rollout trained once, both rates from the run's metrics; with
-    `--lora` the versions are adapters (grpo_qwen05b_lora)."""
+    `"vllm": "missing"`, colocated, every rollout trained once, both rates from the run's
+    metrics and each part's rate alone; with `--lora` the versions are adapters
+    (grpo_qwen05b_lora)."""
     (tmp_path / "sitecustomize.py").write_text(HIDE_VLLM)
     path = os.pathsep.join(filter(None, [str(tmp_path), os.environ.get("PYTHONPATH")]))
     proc = subprocess.run(
@@ -75,6 +76,10 @@ def test_grpo_check_without_vllm_runs_grpo_on_hf_and_reports_both_rates(tmp_path
     assert result["explorer_steps"] == result["trainer_steps"] == 2
     assert result["generated_tokens"] == result["trained_tokens"] > 0
     assert result["rollout_tokens_per_s"] > 0 and result["trainer_tokens_per_s"] > 0
+    # `rft-hpc run` colocated it (the default), and each part was timed alone after it
+    assert result["placement"] == "colocated"
+    assert result["rollout_tokens_per_s_alone"] > 0 and result["trainer_tokens_per_s_alone"] > 0
+    assert result["rollout_run_over_alone"] > 0 and result["trainer_run_over_alone"] > 0
     assert any(g > 0 for g in result["grad_norms"])  # the rewards differ within a group
     assert result["weights"] == {"version": 2, "dtypes": ["float32"], "finite": True,
                                  "kind": "lora-adapter" if lora else "full"}

@@ -72,9 +72,10 @@ CHECKS: list[Check] = [
           cuda_only="which device a one-rank trainer role picks when a GPU is present"),
     Check("megatron_core", "megatron_check.py", 200, needs=("megatron.core",),
           unless=(("vllm", "--no-vllm"),)),
-    Check("grpo_qwen05b", "grpo_check.py", 150),
+    Check("grpo_qwen05b", "grpo_check.py", 180),
     Check("vllm_engine", "vllm_check.py", 300, args=("--eager",), needs=("vllm",)),
-    Check("grpo_qwen05b_lora", "grpo_check.py", 150, args=("--lora", "16"), needs=("peft",)),
+    Check("grpo_qwen05b_lora", "grpo_check.py", 150, args=("--lora", "16", "--alone-steps", "0"),
+          needs=("peft",)),
     Check("reward_model_scoring", "reward_check.py", 90),
     Check("judge_vllm", "reward_check.py", 150, args=("--judge",), needs=("vllm",)),
 ]

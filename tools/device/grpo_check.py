@@ -24,7 +24,12 @@ From the run's metrics it prints the rollout tokens/s (the explorer's `generated
 `generate_seconds`) and the trainer tokens/s (the trainer's `tokens` / `train_seconds`) over
 all steps and over those after the first (which warms up), and ends with `RESULT {"ok": ...,
 "rollout_tokens_per_s": ..., "trainer_tokens_per_s": ..., "engine": ..., ...}` (with
-`"vllm": "missing"` when vLLM is not importable: then the HF engine ran). ok: the run
+`"vllm": "missing"` when vLLM is not importable: then the HF engine ran). It also says which
+placement `rft-hpc run` chose (`"placement": "colocated"`, the default on one machine:
+docs/colocated.md) and, with `--alone-steps N` (3 by default), times the engine and the
+trainer each alone afterwards, in this process, on the same devices and batch shape:
+`rollout_tokens_per_s_alone`, `trainer_tokens_per_s_alone`, and the run's rates over them
+(`rollout_run_over_alone`, `trainer_run_over_alone`: what sharing the device cost). ok: the run
 exited 0, the trainer ran every step with finite losses and gradient norms, some gradient
 not zero, the published weights are finite and in the trainer's dtype, and both rates are
 positive. A run past `--timeout` is stopped (its roles too) and fails with the figures it
@@ -191,6 +196,43 @@ def published_weights(stage: Path) -> dict[str, Any]:
             "finite": all(bool(torch.isfinite(t).all()) for t in tensors.values())}
 
 
+def alone_rates(config_path: Path, steps: int) -> dict[str, float]:
+    """Rollout and trainer tokens/s of the run's engine and trainer each alone, in this
+    process, on the devices and the batch shape the run used: `steps` explorer steps'
+    generation, then a train step on each step's rollouts (after one unmeasured of each)."""
+    sys.path.insert(0, str(REPO))
+    from rft_hpc.config import load_config
+    from rft_hpc.explorer.role import engine_starter
+    from rft_hpc.tasks.source import build_tasks
+    from rft_hpc.trainer.trainer import Trainer
+    from tools.bench.pipeline_timings import batch_of
+
+    config = load_config(config_path)
+    cfg = config.explorer
+    tasks, _ = build_tasks(config.tasks, 0)
+    engine, trainer = engine_starter(config)(), Trainer(config)
+    figures = {"generated": 0.0, "generate_s": 0.0, "trained": 0.0, "train_s": 0.0}
+    try:
+        for i in range(steps + 1):
+            part = tasks[i * cfg.tasks_per_step:][:cfg.tasks_per_step]
+            prompts = [engine.prompt_ids(t) for t in part]
+            t0 = time.perf_counter()
+            groups = engine.generate(prompts, n=cfg.repeat, max_new_tokens=cfg.max_new_tokens,
+                                     temperature=cfg.temperature, seed=i)
+            t1 = time.perf_counter()
+            values = trainer.step(batch_of(part, prompts, groups), version=i)
+            t2 = time.perf_counter()
+            if i:  # the first of each warms up
+                figures["generated"] += sum(len(c.tokens) for g in groups for c in g)
+                figures["generate_s"] += t1 - t0
+                figures["trained"] += values["tokens"]
+                figures["train_s"] += t2 - t1
+    finally:
+        engine.close()
+    return {"rollout_tokens_per_s_alone": round(figures["generated"] / figures["generate_s"], 1),
+            "trainer_tokens_per_s_alone": round(figures["trained"] / figures["train_s"], 1)}
+
+
 def grpo_check(args: argparse.Namespace) -> dict[str, Any]:
     """Build the model, run the experiment, read its metrics; the verdict and figures."""
     import torch
@@ -235,6 +277,11 @@ def grpo_check(args: argparse.Namespace) -> dict[str, Any]:
         trainer = [r for r in read_metrics(stage / "metrics" / "trainer.jsonl")
                    if "train_seconds" in r] if (stage / "metrics").is_dir() else []
         weights = published_weights(stage) if (stage / "weights").is_dir() else {}
+        # the same config runs both placements: which one `rft-hpc run` chose
+        result["placement"] = "colocated" if (stage / "jobs/colocated.log").exists() \
+            else "split"
+        alone = alone_rates(config, args.alone_steps) \
+            if proc.returncode == 0 and args.alone_steps else {}
     rollout = rate(explorer, "generated_tokens", "generate_seconds")
     train = rate(trainer, "tokens", "train_seconds")
     numbers = [r[k] for r in trainer for k in ("loss", "grad_norm")]
@@ -252,14 +299,21 @@ def grpo_check(args: argparse.Namespace) -> dict[str, Any]:
         "losses": [r["loss"] for r in trainer],
         "grad_norms": [r["grad_norm"] for r in trainer],
         "weights": weights,
+        **alone,
     })
+    for part in ("rollout", "trainer") if alone else ():
+        # the run's rate (warmed up; all steps' when the later ones were generated together
+        # with the first) against the same part alone: what sharing the device costs it
+        run = result[f"{part}_tokens_per_s_after_first"] or result[f"{part}_tokens_per_s"]
+        result[f"{part}_run_over_alone"] = round(run / alone[f"{part}_tokens_per_s_alone"], 3)
     result["ok"] = bool(
         proc.returncode == 0 and len(trainer) == args.steps
         and all(math.isfinite(v) for v in numbers)
         and any(r["grad_norm"] > 0 for r in trainer)
         and weights.get("finite") and weights.get("dtypes") == [want_dtype]
         and weights.get("kind") == ("lora-adapter" if args.lora else "full")
-        and rollout > 0 and train > 0)
+        and rollout > 0 and train > 0
+        and all(v > 0 for k, v in alone.items()))
     return result
 
 
@@ -276,6 +330,9 @@ def main() -> int:
     ap.add_argument("--max-new-tokens", type=int, default=64, help="[64]")
     ap.add_argument("--lora", type=int, default=0, metavar="RANK",
                     help="train a LoRA adapter of this rank (model.lora); 0: the whole model")
+    ap.add_argument("--alone-steps", type=int, default=3,
+                    help="after the run, time this many explorer steps' generation and train "
+                         "steps with the engine and the trainer each alone [3]; 0: skip")
     ap.add_argument("--timeout", type=float, default=110,
                     help="seconds rft-hpc run may take before it is stopped [110]")
     args = ap.parse_args()
