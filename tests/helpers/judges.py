@@ -1,11 +1,14 @@
 """A tiny LLM judge built locally: a two-layer Mistral chat model of `rft-hpc model init`,
 fine-tuned here with plain-torch SFT steps to answer `Score: <c>` to the rubric
 `Rate: <response>`, where `<c>` is the response's last character (its template's `Rate: `
-space for an empty response). Mistral's template is the shortest: 320 steps teach it this
-in 14 s on one core (60 answers of 60 right), where Qwen2's, with its system prompt, took
-30 s for 260 (measured 2026-12-07). Responses from the arithmetic alphabet then give
-answers the `number` parser reads (`Score: 7`) and answers it cannot (`Score: +`), a
-deterministic mix that a test can recompute with a plain greedy `generate`."""
+space for an empty response). Mistral's template is the shortest: 400 steps, the learning
+rate decaying linearly to 0, teach it this in ~12 s on one core (60 answers of 60 right,
+and as right at 320 and 480 steps, with 1 or 2 threads, on an AVX-512 machine). At a
+constant rate the answers depended on the CPU: 320 steps were 60 of 60 on one machine and
+56 of 60 on another, 480 steps 26 of 60 (2026-12-08). Responses from the arithmetic
+alphabet then give answers the `number` parser reads (`Score: 7`) and answers it cannot
+(`Score: +`), a deterministic mix that a test can recompute with a plain greedy
+`generate`."""
 
 from __future__ import annotations
 
@@ -18,7 +21,7 @@ from rft_hpc.models.tiny import ARITHMETIC_ALPHABET
 JUDGE_TEMPLATE = "Rate: {response}"
 """The rubric the judge is trained on."""
 
-SFT_STEPS = 320
+SFT_STEPS = 400
 SFT_BATCH = 24
 
 
@@ -66,6 +69,7 @@ def _trained_judge(folder: Path, seed: int) -> Path:
     rng = random.Random(seed)
     torch.manual_seed(seed)
     optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1 - step / SFT_STEPS)
     model.train()
     for _ in range(SFT_STEPS):
         rows = []
@@ -91,6 +95,7 @@ def _trained_judge(folder: Path, seed: int) -> Path:
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
+        schedule.step()
     staging = folder.with_name(folder.name + ".tmp")  # whole or not at all
     shutil.rmtree(staging, ignore_errors=True)
     model.save_pretrained(str(staging))
