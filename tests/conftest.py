@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import multiprocessing
 import os
-import platform
 import random
 import sys
 from collections.abc import Iterator
@@ -15,15 +14,6 @@ import pytest
 from helpers.tools import check_needs
 
 from rft_hpc.buffer.layout import ensure_buffer_dir
-
-# The learning tests pin their seed and threads (helpers/learning.py) because float order
-# moves where a run ends, and so does the CPU's vector width: torch computes with AVX-512
-# kernels where the CPU has them, AVX2 ones elsewhere, and the learning thresholds were
-# measured with AVX2 kernels (on an AVX-512 machine the tool recipe's GRPO stage at seed 0
-# stopped calling its tool, and passed again with AVX2 kernels: 2026-12-08). So the suite,
-# and every process it starts, computes with AVX2 kernels where the CPU has wider ones.
-if platform.machine() in ("x86_64", "AMD64"):
-    os.environ.setdefault("ATEN_CPU_CAPABILITY", "avx2")
 
 # Test workers share the machine: each one's role processes count on its share of the cores
 # (rft_hpc.runtime.placement), as a laptop's would count on all of them; so does the worker's
