@@ -57,8 +57,8 @@ def load_policy(model_path: str | Path, dtype: str = "float32",
     return tokenizer, model
 
 
-def _misfits(state_dict: Mapping[str, torch.Tensor],
-                    targets: Mapping[str, torch.Tensor], most: int = 5) -> list[str]:
+def _misfits(state_dict: Mapping[str, torch.Tensor], targets: Mapping[str, torch.Tensor],
+             most: int = 5) -> list[str]:
     """What keeps `state_dict` from loading into a model whose tensors are `targets`: the
     tensors it lacks, those it has in excess and those of another shape (at most `most`
     of each); empty when it fits."""

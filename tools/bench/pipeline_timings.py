@@ -127,10 +127,10 @@ def _colocated(config: Any, tasks: list, reps: int, threads: int) -> float:
     def explorer() -> None:
         torch.set_num_threads(1)
         for i in range(steps):
-            if i:  # strictly on-policy: step i generates with version i
-                while handover.newest() is None or handover.newest()[0] < i:
+            if i:  # strictly on-policy: step i generates with version i, the one sent last
+                while (got := handover.take()) is None:
                     handover.wait(1.0)
-                version, weights = handover.take()
+                version, weights = got
                 device.call(engine.load_weights, weights, version)
                 handover.give_back(weights)
             part = tasks[i * TASKS % len(tasks):][:TASKS]
