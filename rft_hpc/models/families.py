@@ -44,9 +44,11 @@ class ChatFamily:
     """The token config.json names as bos_token_id when the tokenizer has none (Qwen:
     `<|endoftext|>`)."""
 
-    def config(self, vocab: dict[str, int], **shape: int) -> PretrainedConfig:
+    def config(self, vocab: dict[str, int], rope_theta: float | None = None,
+               **shape: int) -> PretrainedConfig:
         """The family's transformers config for a model of `shape` (transformers' keyword
-        names) over the tokenizer vocabulary `vocab` (token -> id)."""
+        names) over the tokenizer vocabulary `vocab` (token -> id), with the family's
+        `rope_theta` unless one is given."""
         import transformers
 
         ids = {"bos_token_id": self._bos_id(vocab), "eos_token_id": vocab[self.eos]}
@@ -57,8 +59,8 @@ class ChatFamily:
             extra["sliding_window"] = None  # Mistral v0.2 and later: full attention
         cls = getattr(transformers, self.config_class)
         return cls(vocab_size=len(vocab), tie_word_embeddings=self.tied,
-                   rope_theta=self.rope_theta, rms_norm_eps=1e-6, torch_dtype="float32",
-                   **ids, **extra, **shape)
+                   rope_theta=rope_theta or self.rope_theta, rms_norm_eps=1e-6,
+                   torch_dtype="float32", **ids, **extra, **shape)
 
     def generation_ids(self, vocab: dict[str, int]) -> dict[str, int | list[int] | None]:
         """generation_config.json's token ids: eos_token_id lists the end-of-turn tokens (one

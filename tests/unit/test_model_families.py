@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 from helpers.ranks import fixed_batch, write_config
-from transformers import AutoModelForCausalLM, AutoTokenizer
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
 from rft_hpc.engines.hf import HFEngine, model_dtype
 from rft_hpc.models.tiny import TinyModelSpec, init_tiny_model
@@ -96,8 +96,8 @@ def test_a_chat_model_with_merges_learned_from_its_corpus(tmp_path: Path) -> Non
     the bytes."""
     corpus = [f"<s>[INST] What is the code of account {n}? [/INST]{n % 7}</s>"
               for n in range(1000, 1400)]
-    out = init_tiny_model(tmp_path, TinyModelSpec(arch="mistral", num_layers=1, merges=40),
-                          corpus)
+    out = init_tiny_model(tmp_path, TinyModelSpec(arch="mistral", num_layers=1, merges=40,
+                                                   rope_theta=1e4), corpus)
     tok = AutoTokenizer.from_pretrained(str(out), local_files_only=True)
     text = "[INST] What is the code of account 4578? [/INST]"
     pieces = tok.convert_ids_to_tokens(tok(text, add_special_tokens=False)["input_ids"])
@@ -109,6 +109,8 @@ def test_a_chat_model_with_merges_learned_from_its_corpus(tmp_path: Path) -> Non
     assert tok.convert_ids_to_tokens(list(range(3))) == ["Ā", "ā", "Ă"]
     config = json.loads((out / "config.json").read_text())
     assert config["vocab_size"] == len(tok)
+    # the spec's rotary base, not the family's (Mistral's 1e6; docs/agents.md)
+    assert AutoConfig.from_pretrained(str(out)).rope_parameters["rope_theta"] == 1e4
 
 
 def test_model_dtype_auto() -> None:
