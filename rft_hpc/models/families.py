@@ -59,8 +59,8 @@ class ChatFamily:
             extra["sliding_window"] = None  # Mistral v0.2 and later: full attention
         cls = getattr(transformers, self.config_class)
         return cls(vocab_size=len(vocab), tie_word_embeddings=self.tied,
-                   rope_theta=rope_theta or self.rope_theta, rms_norm_eps=1e-6,
-                   torch_dtype="float32", **ids, **extra, **shape)
+                   rope_theta=self.rope_theta if rope_theta is None else rope_theta,
+                   rms_norm_eps=1e-6, torch_dtype="float32", **ids, **extra, **shape)
 
     def generation_ids(self, vocab: dict[str, int]) -> dict[str, int | list[int] | None]:
         """generation_config.json's token ids: eos_token_id lists the end-of-turn tokens (one
